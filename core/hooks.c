@@ -1,0 +1,87 @@
+/* The two forward hooks: argument checks on the host, then one launch each.
+ * They never allocate, copy to the host or synchronize. */
+#include "internal.h"
+#include "overlay_set.h"
+
+/* Rows all use one slot that is "no adapter": nothing to do. */
+static bool single_slot_inactive(tovl_devptr slots, int32_t active_slot, uint32_t max_loras) {
+    return !slots && (active_slot < 0 || (uint32_t)active_slot >= max_loras);
+}
+
+tovl_status tovl_embed_hook(const tovl_token_overlay_set *set, const tovl_overlay_kernels *kernels,
+                            const tovl_embed_hook_args *a, void *stream) {
+    if (!set || !kernels || !a) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_embed_hook: set, kernels or args is NULL");
+    }
+    if (!kernels->embed_overlay || !set->any_active || set->max_embed_n == 0 || a->T == 0 ||
+        single_slot_inactive(a->slots, a->active_slot, set->max_loras)) {
+        return TOVL_OK;
+    }
+    if (!a->hidden || !a->token_ids) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_embed_hook: hidden or token_ids is 0");
+    }
+    if (a->hidden_size != set->hidden) {
+        return tovl_error(TOVL_ERR_SHAPE_MISMATCH, "tovl_embed_hook: hidden_size %u, the overlays have %u",
+                          a->hidden_size, set->hidden);
+    }
+    tovl_embed_overlay_args k = {
+        .hidden = a->hidden,
+        .token_ids = a->token_ids,
+        .token_slots = a->slots,
+        .slot_map_table = set->tables.embed_slot_map_table,
+        .rows_table = set->tables.embed_rows_table,
+        .n_table = set->tables.embed_n_table,
+        .T = a->T,
+        .h = set->hidden,
+        .vocab = set->vocab,
+        .max_loras = set->max_loras,
+        .active_slot = a->active_slot,
+    };
+    return tovl_core_launch(set->backend, kernels->embed_overlay, a->T, 1, &k, sizeof k, stream);
+}
+
+tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overlay_kernels *kernels,
+                             const tovl_lmhead_hook_args *a, void *stream) {
+    if (!set || !kernels || !a) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_lmhead_hook: set, kernels or args is NULL");
+    }
+    tovl_kernel kernel;
+    switch (a->logits_dtype) {
+    case TOVL_LOGITS_BF16: kernel = kernels->lmhead_overlay_bf16; break;
+    case TOVL_LOGITS_F32: kernel = kernels->lmhead_overlay_f32; break;
+    default:
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_lmhead_hook: logits_dtype %d is not bf16 or f32",
+                          (int)a->logits_dtype);
+    }
+    if (!kernel || !set->any_active || set->max_n_override == 0 || a->T == 0 ||
+        single_slot_inactive(a->slots, a->active_slot, set->max_loras)) {
+        return TOVL_OK;
+    }
+    if (!a->logits || !a->hidden) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_lmhead_hook: logits or hidden is 0");
+    }
+    if (a->hidden_size != set->hidden) {
+        return tovl_error(TOVL_ERR_SHAPE_MISMATCH, "tovl_lmhead_hook: hidden_size %u, the overlays have %u",
+                          a->hidden_size, set->hidden);
+    }
+    if (a->ld < set->vocab) {
+        return tovl_error(TOVL_ERR_SHAPE_MISMATCH, "tovl_lmhead_hook: ld %llu < vocab %u",
+                          (unsigned long long)a->ld, set->vocab);
+    }
+    tovl_lmhead_overlay_args k = {
+        .logits = a->logits,
+        .hidden = a->hidden,
+        .row_slots = a->slots,
+        .rows_table = set->tables.lmhead_rows_table,
+        .ids_table = set->tables.lmhead_ids_table,
+        .n_table = set->tables.n_override_table,
+        .ld = a->ld,
+        .T = a->T,
+        .h = set->hidden,
+        .vocab = set->vocab,
+        .max_loras = set->max_loras,
+        .active_slot = a->active_slot,
+        .max_n = set->max_n_override,
+    };
+    return tovl_core_launch(set->backend, kernel, a->T, set->max_n_override, &k, sizeof k, stream);
+}

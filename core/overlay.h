@@ -1,0 +1,18 @@
+/* The EmbedOverlay object, shared by overlay.c and overlay_set.c. */
+#ifndef TOVL_CORE_OVERLAY_H
+#define TOVL_CORE_OVERLAY_H
+
+#include "internal.h"
+
+struct tovl_embed_overlay {
+    tovl_backend *backend;
+    unsigned refs;
+    uint32_t vocab, hidden;
+    uint32_t embed_count;
+    tovl_devptr embed_ids, embed_rows, slot_map;
+    bool has_lmhead;
+    uint32_t lmhead_count;
+    tovl_devptr lmhead_ids, lmhead_rows;
+};
+
+#endif

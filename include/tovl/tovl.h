@@ -1,0 +1,328 @@
+/*
+ * tovl: per-adapter token overlays for multi-LoRA LLM serving.
+ *
+ * This is the one header a user reads to learn the whole API. The contract it
+ * implements is docs/SPEC.md (a copy of the project's token-overlay spec).
+ *
+ * An engine keeps one base model and up to `max_loras` adapters in slots. Some
+ * adapters replace a few token rows of the input embedding and of the lm_head.
+ * tovl turns those rows into per-slot overlays (tovl_embed_overlay), gathers the
+ * slots into one pool of device tables (tovl_token_overlay_set) and patches a
+ * mixed batch after the embedding gather and after the lm_head projection with
+ * two hooks that never allocate or synchronize.
+ *
+ * Engine-side sequence:
+ *
+ *   tovl_backend *be;            tovl_backend_open("auto", &be);
+ *   tovl_overlay_kernels k  =    tovl_overlay_kernels_resolve(be);
+ *   tovl_embed_overlay *ov;      tovl_build_overlay(be, &k, &desc, &ov);
+ *   tovl_token_overlay_set *set; tovl_token_overlay_set_from_slots(be, slots, max_loras, tied, &set);
+ *   tovl_embed_overlay_release(ov);          // the set holds its own reference
+ *   per forward pass:
+ *     tovl_embed_hook(set, &k, &embed_args, stream);   // after the embedding gather
+ *     tovl_lmhead_hook(set, &k, &lmhead_args, stream); // after the lm_head projection
+ *   tovl_token_overlay_set_destroy(set); tovl_backend_close(be);
+ *
+ * Spec names and C names: GpuBackend = tovl_backend, KernelHandle = tovl_kernel,
+ * OverlayKernels = tovl_overlay_kernels, EmbedOverlay = tovl_embed_overlay,
+ * build_overlay = tovl_build_overlay, TokenOverlaySet = tovl_token_overlay_set,
+ * from_slots = tovl_token_overlay_set_from_slots, try_kernel = tovl_try_kernel.
+ *
+ * Threads: a backend and the objects built on it may be used from one thread at
+ * a time. The error detail (tovl_last_error) is per thread.
+ */
+#ifndef TOVL_TOVL_H
+#define TOVL_TOVL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define TOVL_API
+#elif defined(__GNUC__)
+#define TOVL_API __attribute__((visibility("default")))
+#else
+#define TOVL_API
+#endif
+
+#define TOVL_VERSION_MAJOR 0
+#define TOVL_VERSION_MINOR 1
+#define TOVL_VERSION_PATCH 0
+TOVL_API const char *tovl_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes: one enum, grouped by cause (hundreds digit).                */
+/* ------------------------------------------------------------------------ */
+typedef enum tovl_status {
+    TOVL_OK = 0,
+
+    /* 1xx: the caller passed something wrong. */
+    TOVL_ERR_INVALID_ARGUMENT = 100, /* NULL pointer, zero size, bad enum value */
+    TOVL_ERR_DUPLICATE_ID = 101,     /* a token id appears twice in one overlay part */
+    TOVL_ERR_ID_OUT_OF_RANGE = 102,  /* a token id >= vocab */
+    TOVL_ERR_SHAPE_MISMATCH = 103,   /* a row width or tensor shape disagrees */
+    TOVL_ERR_VOCAB_MISMATCH = 104,   /* overlays built for different vocab sizes */
+
+    /* 2xx: the environment lacks something. */
+    TOVL_ERR_BACKEND_UNAVAILABLE = 200, /* runtime or device not found (see tovl_backend_list) */
+    TOVL_ERR_KERNEL_MISSING = 201,      /* a kernel this operation needs resolved to handle 0 */
+    TOVL_ERR_UNSUPPORTED = 202,         /* the backend cannot do this (feature, dtype) */
+    TOVL_ERR_UNKNOWN_BACKEND = 203,     /* no backend of that name exists in tovl */
+
+    /* 3xx: the device or its driver failed. */
+    TOVL_ERR_OUT_OF_MEMORY = 300, /* host or device allocation failed */
+    TOVL_ERR_DEVICE = 301,        /* a driver call failed; the detail has its code */
+    TOVL_ERR_LAUNCH = 302,        /* a kernel launch failed */
+
+    /* 4xx: files and formats (adapter and model import). */
+    TOVL_ERR_IO = 400,     /* a file could not be opened, read or written */
+    TOVL_ERR_FORMAT = 401, /* a file is malformed (header, JSON, dtype, ranges) */
+
+    /* 9xx: a bug in tovl itself. */
+    TOVL_ERR_INTERNAL = 900
+} tovl_status;
+
+/* A fixed English name for a status ("TOVL_ERR_DUPLICATE_ID: duplicate token id"). */
+TOVL_API const char *tovl_status_str(tovl_status status);
+
+/* The detail of the last failure on this thread: which tensor, which id, which
+ * kernel, which driver call. Empty string after success of a call that sets it;
+ * never NULL. Every function returning tovl_status != TOVL_OK sets it. */
+TOVL_API const char *tovl_last_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Backends                                                                  */
+/* ------------------------------------------------------------------------ */
+typedef struct tovl_backend tovl_backend;
+
+/* Device memory is addressed by a 64-bit device pointer: a CUDA/HIP device
+ * pointer, a VkDeviceAddress, or a host pointer on the CPU backend. 0 = none. */
+typedef uint64_t tovl_devptr;
+
+/* One entry of tovl_backend_list. */
+typedef struct tovl_backend_info {
+    const char *name;     /* "cpu", "cuda", "hip", "vulkan" */
+    bool compiled;        /* built into this library */
+    bool available;       /* opens on this machine */
+    char reason[256];     /* why not available ("libcuda.so.1 not found: ..."), else "" */
+    char device[256];     /* device description when available, else "" */
+} tovl_backend_info;
+
+/* Every backend tovl knows, in preference order for "auto" (cuda, hip, vulkan,
+ * cpu). Probes each by opening and closing it. Writes up to `capacity` entries
+ * and returns the number of backends (call with capacity 0 to count). */
+TOVL_API size_t tovl_backend_list(tovl_backend_info *out, size_t capacity);
+
+/* Open a backend by name: "cpu", "cuda", "hip", "vulkan", or "auto" (the first
+ * available of cuda, hip, vulkan, cpu). Device choice per backend comes from
+ * TOVL_CUDA_DEVICE, TOVL_HIP_DEVICE, TOVL_VULKAN_DEVICE. On failure *out is NULL
+ * and tovl_last_error() says why. */
+TOVL_API tovl_status tovl_backend_open(const char *name, tovl_backend **out);
+TOVL_API void tovl_backend_close(tovl_backend *backend);
+
+TOVL_API const char *tovl_backend_name(const tovl_backend *backend);
+TOVL_API const char *tovl_backend_device(const tovl_backend *backend);
+/* Backend-specific facts as text, NULL when unknown. Keys every backend may
+ * answer: "subgroup_size", "f32_denormals" ("preserved" | "flushed" | ...),
+ * "driver". */
+TOVL_API const char *tovl_backend_property(const tovl_backend *backend, const char *key);
+
+/* Device memory helpers (synchronous; not for the forward path). */
+TOVL_API tovl_status tovl_alloc(tovl_backend *backend, size_t bytes, tovl_devptr *out);
+TOVL_API void tovl_free(tovl_backend *backend, tovl_devptr ptr);
+TOVL_API tovl_status tovl_upload(tovl_backend *backend, tovl_devptr dst, const void *src, size_t bytes);
+TOVL_API tovl_status tovl_download(tovl_backend *backend, void *dst, tovl_devptr src, size_t bytes);
+/* Fill `bytes` (a multiple of 4) with a repeated 32-bit pattern. */
+TOVL_API tovl_status tovl_fill_u32(tovl_backend *backend, tovl_devptr dst, uint32_t pattern, size_t bytes);
+/* Wait for all work on `stream` (NULL = the backend's own). */
+TOVL_API tovl_status tovl_synchronize(tovl_backend *backend, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                   */
+/* ------------------------------------------------------------------------ */
+/* A kernel handle; 0 means "this backend does not have that kernel". */
+typedef uint64_t tovl_kernel;
+
+#define TOVL_KERNEL_ROWDIFF "rowdiff"
+#define TOVL_KERNEL_EMBED_OVERLAY "embed_overlay"
+#define TOVL_KERNEL_LMHEAD_OVERLAY_BF16 "lmhead_overlay_bf16"
+#define TOVL_KERNEL_LMHEAD_OVERLAY_F32 "lmhead_overlay_f32"
+
+/* Look a kernel up by name; 0 when the backend lacks it. */
+TOVL_API tovl_kernel tovl_try_kernel(tovl_backend *backend, const char *name);
+
+/* The four token-overlay kernels, resolved once. A missing one is 0: the hooks
+ * then return success without a launch, and tovl_build_overlay refuses an
+ * adapter whose tensors need it. */
+typedef struct tovl_overlay_kernels {
+    tovl_kernel rowdiff;
+    tovl_kernel embed_overlay;
+    tovl_kernel lmhead_overlay_bf16;
+    tovl_kernel lmhead_overlay_f32;
+} tovl_overlay_kernels;
+
+/* All handles zero: "no overlay kernel loaded". */
+#define TOVL_OVERLAY_KERNELS_NONE ((tovl_overlay_kernels){0, 0, 0, 0})
+
+TOVL_API tovl_overlay_kernels tovl_overlay_kernels_resolve(tovl_backend *backend);
+
+/* ------------------------------------------------------------------------ */
+/* One adapter's overlay (EmbedOverlay)                                      */
+/* ------------------------------------------------------------------------ */
+typedef struct tovl_embed_overlay tovl_embed_overlay;
+
+/* Host rows for one part of an overlay. */
+typedef struct tovl_overlay_rows {
+    const char *tensor;   /* name of the source tensor, used in error messages */
+    const uint32_t *ids;  /* [count] distinct token ids, each < vocab */
+    const uint16_t *rows; /* [count, width] bf16 bit patterns, row j for ids[j] */
+    uint32_t count;
+    uint32_t width;       /* the source tensor's row width; must equal hidden */
+} tovl_overlay_rows;
+
+typedef struct tovl_overlay_desc {
+    const char *adapter;  /* adapter name for error messages (may be NULL) */
+    uint32_t vocab;       /* the model's (padded) vocabulary, > 0 */
+    uint32_t hidden;      /* hidden size, > 0 */
+    tovl_overlay_rows embed;   /* count 0: no embed rows */
+    /* lm_head part: absent (has_lmhead false), or present with count >= 0.
+     * Present with count 0 means "leave the lm_head alone", even when tied. */
+    bool has_lmhead;
+    tovl_overlay_rows lmhead;
+    /* The model ties its lm_head to its embedding: then embed rows without an
+     * own lm_head part also patch the lm_head, and need the lm_head kernels. */
+    bool tied;
+} tovl_overlay_desc;
+
+/* Validate `desc`, upload its rows and ids, and fill slot_map on the device.
+ * Errors (nothing is leaked; *out stays NULL):
+ *   TOVL_ERR_DUPLICATE_ID / TOVL_ERR_ID_OUT_OF_RANGE / TOVL_ERR_SHAPE_MISMATCH
+ *     name the tensor and the id or width;
+ *   TOVL_ERR_KERNEL_MISSING names the kernel the rows need (embed rows:
+ *     embed_overlay; lm_head rows, own or tied: both lm_head kernels).
+ * The overlay starts with one reference, released by tovl_embed_overlay_release. */
+TOVL_API tovl_status tovl_build_overlay(tovl_backend *backend, const tovl_overlay_kernels *kernels,
+                                        const tovl_overlay_desc *desc, tovl_embed_overlay **out);
+TOVL_API void tovl_embed_overlay_retain(tovl_embed_overlay *overlay);
+TOVL_API void tovl_embed_overlay_release(tovl_embed_overlay *overlay);
+
+/* Read-only views of a built overlay (device pointers; 0 when absent). */
+typedef struct tovl_embed_overlay_view {
+    uint32_t vocab, hidden;
+    uint32_t embed_count;        /* n */
+    tovl_devptr embed_ids;       /* u32[n] */
+    tovl_devptr embed_rows;      /* bf16 [n, hidden] */
+    tovl_devptr slot_map;        /* i32[vocab], slot_map[ids[j]] = j, else -1 */
+    bool has_lmhead;
+    uint32_t lmhead_count;       /* m */
+    tovl_devptr lmhead_ids;      /* u32[m] */
+    tovl_devptr lmhead_rows;     /* bf16 [m, hidden] */
+} tovl_embed_overlay_view;
+TOVL_API tovl_embed_overlay_view tovl_embed_overlay_get_view(const tovl_embed_overlay *overlay);
+
+/* Find the rows of two device bf16 matrices [rows, hidden] that differ (spec:
+ * rowdiff; tol 0 = any bit differs, tol > 0 = |a-b| > tol or NaN on one side).
+ * Synchronous. Writes the indices of differing rows, increasing, into
+ * `changed` (capacity `rows`) and their number into *n_changed.
+ * TOVL_ERR_KERNEL_MISSING when kernels->rowdiff is 0. */
+TOVL_API tovl_status tovl_rowdiff(tovl_backend *backend, const tovl_overlay_kernels *kernels,
+                                  tovl_devptr a, tovl_devptr b, uint32_t rows, uint32_t hidden,
+                                  float tol, uint32_t *changed, uint32_t *n_changed);
+
+/* ------------------------------------------------------------------------ */
+/* The adapter pool (TokenOverlaySet)                                        */
+/* ------------------------------------------------------------------------ */
+typedef struct tovl_token_overlay_set tovl_token_overlay_set;
+
+/* Build the device tables for `max_loras` slots; overlays[s] NULL = empty slot.
+ * The set retains each overlay it points into. A slot's lm_head cells are its
+ * own lm_head part when present; else, when `tied`, its embed rows and ids;
+ * else none. Errors: TOVL_ERR_VOCAB_MISMATCH / TOVL_ERR_SHAPE_MISMATCH (two
+ * overlays of different vocab or hidden size; names both slots). */
+TOVL_API tovl_status tovl_token_overlay_set_from_slots(tovl_backend *backend,
+                                                       tovl_embed_overlay *const *overlays,
+                                                       uint32_t max_loras, bool tied,
+                                                       tovl_token_overlay_set **out);
+TOVL_API void tovl_token_overlay_set_destroy(tovl_token_overlay_set *set);
+
+/* True when at least one slot has an overlay; an engine keeps only active sets. */
+TOVL_API bool tovl_token_overlay_set_any_active(const tovl_token_overlay_set *set);
+/* The common vocab of the present overlays (0 when none). */
+TOVL_API uint32_t tovl_token_overlay_set_vocab(const tovl_token_overlay_set *set);
+/* The hidden size of the present overlays (0 when none). */
+TOVL_API uint32_t tovl_token_overlay_set_hidden(const tovl_token_overlay_set *set);
+/* The largest lm_head row count: the lm_head kernel's grid.y. */
+TOVL_API uint32_t tovl_token_overlay_set_max_n_override(const tovl_token_overlay_set *set);
+TOVL_API uint32_t tovl_token_overlay_set_max_loras(const tovl_token_overlay_set *set);
+
+/* The device tables, for engines that launch the kernels themselves. */
+typedef struct tovl_overlay_tables {
+    tovl_devptr embed_slot_map_table; /* u64[max_loras] */
+    tovl_devptr embed_rows_table;     /* u64[max_loras] */
+    tovl_devptr embed_n_table;        /* u32[max_loras] */
+    tovl_devptr lmhead_rows_table;    /* u64[max_loras] */
+    tovl_devptr lmhead_ids_table;     /* u64[max_loras] */
+    tovl_devptr n_override_table;     /* u32[max_loras] */
+} tovl_overlay_tables;
+TOVL_API tovl_overlay_tables tovl_token_overlay_set_tables(const tovl_token_overlay_set *set);
+
+/* ------------------------------------------------------------------------ */
+/* Forward hooks                                                             */
+/* ------------------------------------------------------------------------ */
+/* Either a per-row slot array (i32, < 0 or >= max_loras = no adapter), or, when
+ * `slots` is 0, one `active_slot` for every row (< 0: no launch at all). */
+
+/* After the embedding gather, before any embedding scale. */
+typedef struct tovl_embed_hook_args {
+    tovl_devptr hidden;    /* bf16 [T, hidden_size], patched in place */
+    tovl_devptr token_ids; /* u32 [T] (i32 ids are read as u32: negatives are >= vocab) */
+    tovl_devptr slots;     /* i32 [T], or 0 */
+    int32_t active_slot;   /* used when slots == 0 */
+    uint32_t T;
+    uint32_t hidden_size;  /* must equal the set's hidden */
+} tovl_embed_hook_args;
+
+typedef enum tovl_logits_dtype {
+    TOVL_LOGITS_BF16 = 0,
+    TOVL_LOGITS_F32 = 1
+} tovl_logits_dtype;
+
+/* After the lm_head projection, before any logit softcap. */
+typedef struct tovl_lmhead_hook_args {
+    tovl_devptr logits;       /* [T, ld] of logits_dtype, patched in place */
+    tovl_logits_dtype logits_dtype;
+    uint64_t ld;              /* row stride in elements, >= the set's vocab */
+    tovl_devptr hidden;       /* bf16 [T, hidden_size] final hidden states */
+    tovl_devptr slots;        /* i32 [T] per logits row, or 0 */
+    int32_t active_slot;
+    uint32_t T;
+    uint32_t hidden_size;
+} tovl_lmhead_hook_args;
+
+/* Enqueue on `stream` (CUstream, hipStream_t, VkCommandBuffer being recorded;
+ * NULL = the backend's own). Never allocates, copies to the host or
+ * synchronizes, so both can be captured in a CUDA/HIP graph. A zero kernel
+ * handle, an inactive set, T = 0 or active_slot < 0 without slots: success
+ * without a launch. */
+TOVL_API tovl_status tovl_embed_hook(const tovl_token_overlay_set *set, const tovl_overlay_kernels *kernels,
+                                     const tovl_embed_hook_args *args, void *stream);
+TOVL_API tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overlay_kernels *kernels,
+                                      const tovl_lmhead_hook_args *args, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* bf16 helpers (the spec's conversion rules)                                */
+/* ------------------------------------------------------------------------ */
+/* f32 -> bf16, nearest-even; every NaN becomes 0x7FC0. */
+TOVL_API uint16_t tovl_f32_to_bf16(float value);
+/* bf16 -> f32, exact. */
+TOVL_API float tovl_bf16_to_f32(uint16_t bits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TOVL_TOVL_H */

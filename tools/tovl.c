@@ -1,0 +1,46 @@
+/* tovl: the command-line tool. Dispatches to tools/cmd_<name>.c. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "tovl/tovl.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"devices", tovl_cmd_devices, "list backends: present or why not, device, the four kernels"},
+    {"conform", tovl_cmd_conform, "check every present backend bit for bit against the CPU reference"},
+    {"inspect", tovl_cmd_inspect, "describe a PEFT / vLLM adapter folder"},
+    {"run", tovl_cmd_run, "apply adapters to a batch file and write embeddings and logits"},
+    {"bench", tovl_cmd_bench, "time the kernels on a backend (device timestamps, medians)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "tovl %s: per-adapter token overlays for multi-LoRA serving\n\nusage: tovl COMMAND [options]\n\n",
+            tovl_version());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    }
+    fprintf(f, "\n'tovl COMMAND --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("tovl %s\n", tovl_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name) == 0) {
+            return commands[i].run(argc - 1, argv + 1);
+        }
+    }
+    fprintf(stderr, "tovl: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
