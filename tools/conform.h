@@ -16,13 +16,14 @@ typedef struct tovl_conform_result {
     char kernel[32];
     char case_name[48];
     bool passed;
+    bool skipped;     /* not applicable on this backend (detail says why); not a failure */
     char detail[256]; /* first mismatch, or why it failed; "" when passed */
 } tovl_conform_result;
 
 typedef struct tovl_conform_report {
     tovl_conform_result *results;
     size_t count, capacity;
-    size_t passed, failed;
+    size_t passed, failed, skipped;
 } tovl_conform_report;
 
 /* Run every case on `dut` against `ref` (the CPU backend), appending one result

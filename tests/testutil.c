@@ -1,0 +1,1 @@
+int tovl_testutil_placeholder;

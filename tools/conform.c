@@ -1,0 +1,656 @@
+/*
+ * The conformance suite. Every case builds the same random overlays on the
+ * backend under test (dut) and on the CPU reference (ref), runs a kernel or a
+ * hook on both, downloads the whole output buffer including the guard bytes
+ * around it, and compares bit for bit. Guards are poisoned before the run and
+ * must come back untouched; a case that patches nothing on the reference, when
+ * it should, fails too (so nothing passes vacuously).
+ */
+#include "conform.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tovl/backend.h"
+
+#define GUARD_BYTES 256u
+#define POISON 0xA5C3A5C3u
+
+/* ------------------------------------------------------------------------ */
+/* Random data                                                               */
+/* ------------------------------------------------------------------------ */
+typedef struct rng {
+    uint64_t state;
+} rng;
+
+static uint64_t rng_next(rng *r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(rng *r, uint32_t n) {
+    return n ? (uint32_t)(rng_next(r) % n) : 0;
+}
+
+/* A bf16 value of varied magnitude and sign (never all zeros): exponents
+ * spread over 2^-12 .. 2^12 so that summation order changes the rounding. */
+static uint16_t rng_bf16(rng *r) {
+    float mant = 1.0f + (float)rng_below(r, 1u << 20) / (float)(1u << 20);
+    int e = (int)rng_below(r, 25) - 12;
+    float v = ldexpf(mant, e);
+    if (rng_next(r) & 1) {
+        v = -v;
+    }
+    return tovl_f32_to_bf16(v);
+}
+
+uint64_t tovl_conform_fresh_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    rng r = {(uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32)};
+    return rng_next(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Case parameters                                                           */
+/* ------------------------------------------------------------------------ */
+typedef enum slot_kind {
+    SLOT_EMPTY,
+    SLOT_EMBED_ONLY,     /* embed rows, no lm_head part (tied: lm_head falls back to them) */
+    SLOT_LMHEAD_ONLY,    /* no embed rows, own lm_head rows */
+    SLOT_BOTH,           /* embed rows and own lm_head rows */
+    SLOT_LMHEAD_NONE,    /* embed rows, lm_head present with 0 rows: lm_head left alone */
+    SLOT_KIND_COUNT
+} slot_kind;
+
+typedef struct case_def {
+    const char *name;
+    uint32_t T, h, vocab, extra_ld, max_loras;
+    uint32_t rows_per_slot; /* upper bound of rows per part */
+    bool tied;
+    bool specials;          /* NaN / Inf / -0 / subnormal values in rows and hidden */
+    bool active_slot;       /* no slot array: every row uses one slot */
+    bool misaligned;        /* hidden and logits start 2 / 4 bytes past an aligned address */
+    bool subnormal_dots;    /* dot products whose results are f32 subnormals */
+} case_def;
+
+static const case_def hook_cases[] = {
+    {"mixed_untied", 48, 256, 1000, 0, 4, 24, false, false, false, false, false},
+    {"mixed_tied", 48, 256, 1000, 0, 4, 24, true, false, false, false, false},
+    {"odd_sizes_h100", 37, 100, 3001, 0, 5, 17, true, false, false, false, false},
+    {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false},
+    {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false},
+    {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false},
+    {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false},
+    {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false},
+    {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false},
+    {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false},
+    {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false},
+    {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false},
+    {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false},
+    {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true},
+};
+#define HOOK_CASE_COUNT (sizeof hook_cases / sizeof hook_cases[0])
+
+typedef struct rowdiff_case {
+    const char *name;
+    uint32_t rows, h;
+    float tol;
+} rowdiff_case;
+
+static const rowdiff_case rowdiff_cases[] = {
+    {"bitwise", 301, 256, 0.0f},
+    {"bitwise_h100", 97, 100, 0.0f},
+    {"bitwise_h4099", 33, 4099, 0.0f},
+    {"tolerance_0.1", 257, 264, 0.1f},
+    {"tolerance_1e-3_h7", 64, 7, 1e-3f},
+};
+#define ROWDIFF_CASE_COUNT (sizeof rowdiff_cases / sizeof rowdiff_cases[0])
+
+static const char *const hook_kernels[] = {TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
+                                           TOVL_KERNEL_LMHEAD_OVERLAY_F32};
+
+size_t tovl_conform_case_count(void) {
+    return HOOK_CASE_COUNT * 3 + ROWDIFF_CASE_COUNT;
+}
+
+const char *tovl_conform_case_name(size_t i) {
+    if (i < HOOK_CASE_COUNT * 3) {
+        return hook_cases[i / 3].name;
+    }
+    i -= HOOK_CASE_COUNT * 3;
+    return i < ROWDIFF_CASE_COUNT ? rowdiff_cases[i].name : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Report                                                                    */
+/* ------------------------------------------------------------------------ */
+static tovl_conform_result *report_add(tovl_conform_report *rep, const char *backend, const char *kernel,
+                                       const char *case_name) {
+    if (rep->count == rep->capacity) {
+        size_t cap = rep->capacity ? rep->capacity * 2 : 64;
+        tovl_conform_result *grown = realloc(rep->results, cap * sizeof *grown);
+        if (!grown) {
+            return NULL;
+        }
+        rep->results = grown;
+        rep->capacity = cap;
+    }
+    tovl_conform_result *r = &rep->results[rep->count++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->backend, sizeof r->backend, "%s", backend);
+    snprintf(r->kernel, sizeof r->kernel, "%s", kernel);
+    snprintf(r->case_name, sizeof r->case_name, "%s", case_name);
+    return r;
+}
+
+static void result_fail(tovl_conform_result *r, const char *fmt, ...) {
+    if (!r->passed && r->detail[0]) {
+        return; /* keep the first failure */
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->detail, sizeof r->detail, fmt, ap);
+    va_end(ap);
+    r->passed = false;
+}
+
+void tovl_conform_report_free(tovl_conform_report *report) {
+    free(report->results);
+    memset(report, 0, sizeof *report);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Guarded device buffers                                                    */
+/* ------------------------------------------------------------------------ */
+typedef struct guarded {
+    tovl_devptr base;   /* the allocation */
+    tovl_devptr data;   /* base + GUARD_BYTES + offset */
+    size_t payload;     /* bytes of data */
+    size_t offset;      /* misalignment */
+    size_t total;       /* allocation size */
+} guarded;
+
+static tovl_status guarded_make(tovl_backend *be, const void *init, size_t payload, size_t offset, guarded *g) {
+    memset(g, 0, sizeof *g);
+    g->payload = payload;
+    g->offset = offset;
+    g->total = GUARD_BYTES + ((offset + payload + 3u) & ~(size_t)3u) + GUARD_BYTES;
+    tovl_status st = tovl_alloc(be, g->total, &g->base);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    g->data = g->base + GUARD_BYTES + offset;
+    st = tovl_fill_u32(be, g->base, POISON, g->total);
+    if (st == TOVL_OK && init && payload) {
+        st = tovl_upload(be, g->data, init, payload);
+    }
+    return st;
+}
+
+/* Download the whole allocation; the caller frees *out. */
+static tovl_status guarded_read(tovl_backend *be, const guarded *g, uint8_t **out) {
+    *out = malloc(g->total);
+    if (!*out) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "conform: out of host memory");
+    }
+    return tovl_download(be, *out, g->base, g->total);
+}
+
+/* The first guard byte that is not the poison pattern, or -1. */
+static long guard_damage(const guarded *g, const uint8_t *bytes) {
+    const uint8_t *pat = (const uint8_t *)&(uint32_t){POISON};
+    size_t lo = GUARD_BYTES + g->offset, hi = GUARD_BYTES + g->offset + g->payload;
+    for (size_t i = 0; i < g->total; i++) {
+        if (i >= lo && i < hi) {
+            continue;
+        }
+        if (bytes[i] != pat[i % 4]) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hook cases                                                                */
+/* ------------------------------------------------------------------------ */
+typedef struct slot_data {
+    slot_kind kind;
+    uint32_t n_embed, n_lm;
+    uint32_t *embed_ids, *lm_ids;
+    uint16_t *embed_rows, *lm_rows;
+} slot_data;
+
+typedef struct hook_inputs {
+    const case_def *c;
+    uint32_t ld;
+    slot_data *slots;      /* [max_loras] */
+    uint32_t *token_ids;   /* [T] */
+    int32_t *token_slots;  /* [T] */
+    int32_t active;        /* active slot for the active_slot case */
+    uint16_t *hidden;      /* [T, h] */
+    uint16_t *logits_bf16; /* [T, ld] */
+    float *logits_f32;     /* [T, ld] */
+} hook_inputs;
+
+static void distinct_ids(rng *r, uint32_t vocab, uint32_t n, uint32_t *ids) {
+    /* Partial Fisher-Yates over a virtual permutation, kept simple: rejection. */
+    for (uint32_t j = 0; j < n; j++) {
+        for (;;) {
+            uint32_t id = rng_below(r, vocab);
+            bool dup = false;
+            for (uint32_t k = 0; k < j && !dup; k++) {
+                dup = ids[k] == id;
+            }
+            if (!dup) {
+                ids[j] = id;
+                break;
+            }
+        }
+    }
+}
+
+static uint16_t special_bf16(rng *r) {
+    static const uint16_t specials[] = {0x7FC0, 0xFFC1, 0x7F80, 0xFF80, 0x8000, 0x0000, 0x0001, 0x8012, 0x7F7F};
+    return specials[rng_below(r, sizeof specials / sizeof specials[0])];
+}
+
+static void fill_rows(rng *r, const case_def *c, uint16_t *rows, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        rows[i] = rng_bf16(r);
+        if (c->specials && rng_below(r, 50) == 0) {
+            rows[i] = special_bf16(r);
+        }
+        if (c->subnormal_dots) {
+            /* tiny values: products and sums land in the f32 subnormal range */
+            float v = ldexpf(1.0f + (float)rng_below(r, 128) / 128.0f, -66 - (int)rng_below(r, 4));
+            rows[i] = tovl_f32_to_bf16((rng_next(r) & 1) ? v : -v);
+        }
+    }
+}
+
+static void hook_inputs_free(hook_inputs *in) {
+    if (in->slots) {
+        for (uint32_t s = 0; s < in->c->max_loras; s++) {
+            free(in->slots[s].embed_ids);
+            free(in->slots[s].lm_ids);
+            free(in->slots[s].embed_rows);
+            free(in->slots[s].lm_rows);
+        }
+    }
+    free(in->slots);
+    free(in->token_ids);
+    free(in->token_slots);
+    free(in->hidden);
+    free(in->logits_bf16);
+    free(in->logits_f32);
+}
+
+static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) {
+    rng r = {seed};
+    memset(in, 0, sizeof *in);
+    in->c = c;
+    in->ld = c->vocab + c->extra_ld;
+    in->slots = calloc(c->max_loras, sizeof *in->slots);
+    in->token_ids = calloc(c->T, sizeof *in->token_ids);
+    in->token_slots = calloc(c->T, sizeof *in->token_slots);
+    in->hidden = calloc((size_t)c->T * c->h, sizeof *in->hidden);
+    in->logits_bf16 = calloc((size_t)c->T * in->ld, sizeof *in->logits_bf16);
+    in->logits_f32 = calloc((size_t)c->T * in->ld, sizeof *in->logits_f32);
+    if (!in->slots || !in->token_ids || !in->token_slots || !in->hidden || !in->logits_bf16 || !in->logits_f32) {
+        return false;
+    }
+    for (uint32_t s = 0; s < c->max_loras; s++) {
+        slot_data *sd = &in->slots[s];
+        /* Every kind appears when there are enough slots; slot 0 always patches. */
+        sd->kind = s == 0 ? SLOT_BOTH : (slot_kind)((s + rng_below(&r, 2)) % SLOT_KIND_COUNT);
+        if (c->max_loras == 1) {
+            sd->kind = c->tied ? SLOT_EMBED_ONLY : SLOT_BOTH;
+        }
+        bool has_embed = sd->kind == SLOT_EMBED_ONLY || sd->kind == SLOT_BOTH || sd->kind == SLOT_LMHEAD_NONE;
+        bool has_lm = sd->kind == SLOT_LMHEAD_ONLY || sd->kind == SLOT_BOTH;
+        sd->n_embed = has_embed ? 1 + rng_below(&r, c->rows_per_slot) : 0;
+        sd->n_lm = has_lm ? 1 + rng_below(&r, c->rows_per_slot) : 0;
+        if (sd->n_embed > c->vocab) sd->n_embed = c->vocab;
+        if (sd->n_lm > c->vocab) sd->n_lm = c->vocab;
+        if (c->rows_per_slot >= 1000 && has_embed) {
+            sd->n_embed = c->rows_per_slot; /* thousands of rows in one slot */
+            sd->n_lm = has_lm ? c->rows_per_slot : 0;
+        }
+        sd->embed_ids = calloc(sd->n_embed + 1, sizeof *sd->embed_ids);
+        sd->lm_ids = calloc(sd->n_lm + 1, sizeof *sd->lm_ids);
+        sd->embed_rows = calloc((size_t)sd->n_embed * c->h + 1, sizeof *sd->embed_rows);
+        sd->lm_rows = calloc((size_t)sd->n_lm * c->h + 1, sizeof *sd->lm_rows);
+        if (!sd->embed_ids || !sd->lm_ids || !sd->embed_rows || !sd->lm_rows) {
+            return false;
+        }
+        distinct_ids(&r, c->vocab, sd->n_embed, sd->embed_ids);
+        distinct_ids(&r, c->vocab, sd->n_lm, sd->lm_ids);
+        fill_rows(&r, c, sd->embed_rows, (size_t)sd->n_embed * c->h);
+        fill_rows(&r, c, sd->lm_rows, (size_t)sd->n_lm * c->h);
+    }
+    in->active = c->active_slot ? 0 : -1;
+    for (uint32_t t = 0; t < c->T; t++) {
+        /* Slots: mostly valid, some -1 and some >= max_loras. */
+        uint32_t pick = rng_below(&r, 10);
+        int32_t s = pick == 0 ? -1 - (int32_t)rng_below(&r, 3)
+                  : pick == 1 ? (int32_t)(c->max_loras + rng_below(&r, 3))
+                              : (int32_t)rng_below(&r, c->max_loras);
+        in->token_slots[t] = s;
+        int32_t eff = c->active_slot ? in->active : s;
+        /* Ids: mostly overlaid ids of the row's slot, some random, some >= vocab. */
+        uint32_t id = rng_below(&r, c->vocab);
+        uint32_t how = rng_below(&r, 10);
+        if (how == 0) {
+            id = c->vocab + rng_below(&r, 1000);
+        } else if (how == 1) {
+            id = 0xFFFFFFFFu - rng_below(&r, 4); /* a negative i32 read as u32 */
+        } else if (how < 8 && eff >= 0 && (uint32_t)eff < c->max_loras && in->slots[eff].n_embed) {
+            id = in->slots[eff].embed_ids[rng_below(&r, in->slots[eff].n_embed)];
+        }
+        in->token_ids[t] = id;
+    }
+    fill_rows(&r, c, in->hidden, (size_t)c->T * c->h);
+    for (size_t i = 0; i < (size_t)c->T * in->ld; i++) {
+        in->logits_bf16[i] = rng_bf16(&r);
+        in->logits_f32[i] = tovl_bf16_to_f32(rng_bf16(&r)) * 1.25f;
+    }
+    return true;
+}
+
+/* Build overlays and the set on one backend. */
+static tovl_status build_set(tovl_backend *be, const tovl_overlay_kernels *k, const hook_inputs *in,
+                             tovl_token_overlay_set **set) {
+    const case_def *c = in->c;
+    tovl_embed_overlay **ovs = calloc(c->max_loras, sizeof *ovs);
+    if (!ovs) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "conform: out of host memory");
+    }
+    tovl_status st = TOVL_OK;
+    for (uint32_t s = 0; s < c->max_loras && st == TOVL_OK; s++) {
+        const slot_data *sd = &in->slots[s];
+        if (sd->kind == SLOT_EMPTY) {
+            continue;
+        }
+        tovl_overlay_desc d = {
+            .adapter = "conform",
+            .vocab = c->vocab,
+            .hidden = c->h,
+            .embed = {"embed", sd->embed_ids, sd->embed_rows, sd->n_embed, c->h},
+            .has_lmhead = sd->kind == SLOT_LMHEAD_ONLY || sd->kind == SLOT_BOTH || sd->kind == SLOT_LMHEAD_NONE,
+            .lmhead = {"lm_head", sd->lm_ids, sd->lm_rows, sd->n_lm, c->h},
+            .tied = c->tied,
+        };
+        st = tovl_build_overlay(be, k, &d, &ovs[s]);
+    }
+    if (st == TOVL_OK) {
+        st = tovl_token_overlay_set_from_slots(be, ovs, c->max_loras, c->tied, set);
+    }
+    for (uint32_t s = 0; s < c->max_loras; s++) {
+        tovl_embed_overlay_release(ovs[s]);
+    }
+    free(ovs);
+    return st;
+}
+
+typedef struct hook_run {
+    guarded out;
+    uint8_t *bytes; /* the downloaded allocation */
+} hook_run;
+
+/* Run one hook kernel of a case on `be`; fills run->bytes. */
+static tovl_status run_hook(tovl_backend *be, const hook_inputs *in, const char *kernel, hook_run *run) {
+    const case_def *c = in->c;
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_token_overlay_set *set = NULL;
+    guarded ids = {0}, slots = {0}, hidden = {0};
+    memset(run, 0, sizeof *run);
+    tovl_status st = build_set(be, &k, in, &set);
+    size_t off_bf16 = c->misaligned ? 2 : 0, off_f32 = c->misaligned ? 4 : 0;
+    if (st == TOVL_OK) st = guarded_make(be, in->token_ids, (size_t)c->T * 4, 0, &ids);
+    if (st == TOVL_OK) st = guarded_make(be, in->token_slots, (size_t)c->T * 4, 0, &slots);
+    bool embed = strcmp(kernel, TOVL_KERNEL_EMBED_OVERLAY) == 0;
+    bool f32 = strcmp(kernel, TOVL_KERNEL_LMHEAD_OVERLAY_F32) == 0;
+    if (st == TOVL_OK && embed) {
+        st = guarded_make(be, in->hidden, (size_t)c->T * c->h * 2, off_bf16, &run->out);
+        tovl_embed_hook_args a = {run->out.data, ids.data, c->active_slot ? 0 : slots.data, in->active, c->T, c->h};
+        if (st == TOVL_OK) st = tovl_embed_hook(set, &k, &a, NULL);
+    } else if (st == TOVL_OK) {
+        st = guarded_make(be, in->hidden, (size_t)c->T * c->h * 2, off_bf16, &hidden);
+        size_t cells = (size_t)c->T * in->ld;
+        if (st == TOVL_OK) {
+            st = f32 ? guarded_make(be, in->logits_f32, cells * 4, off_f32, &run->out)
+                     : guarded_make(be, in->logits_bf16, cells * 2, off_bf16, &run->out);
+        }
+        tovl_lmhead_hook_args a = {run->out.data, f32 ? TOVL_LOGITS_F32 : TOVL_LOGITS_BF16, in->ld, hidden.data,
+                                   c->active_slot ? 0 : slots.data, in->active, c->T, c->h};
+        if (st == TOVL_OK) st = tovl_lmhead_hook(set, &k, &a, NULL);
+    }
+    if (st == TOVL_OK) st = tovl_synchronize(be, NULL);
+    if (st == TOVL_OK) st = guarded_read(be, &run->out, &run->bytes);
+    tovl_free(be, ids.base);
+    tovl_free(be, slots.base);
+    tovl_free(be, hidden.base);
+    tovl_free(be, run->out.base);
+    tovl_token_overlay_set_destroy(set);
+    return st;
+}
+
+/* Compare dut against ref over the payload, element by element. */
+static void compare_payload(tovl_conform_result *r, const hook_run *ref, const hook_run *dut, size_t elem,
+                            uint32_t row_elems) {
+    size_t base = GUARD_BYTES + ref->out.offset;
+    size_t n = ref->out.payload / elem;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *a = ref->bytes + base + i * elem, *b = dut->bytes + base + i * elem;
+        if (memcmp(a, b, elem) != 0) {
+            uint32_t va = 0, vb = 0;
+            memcpy(&va, a, elem);
+            memcpy(&vb, b, elem);
+            result_fail(r, "row %zu col %zu: expected 0x%0*x, got 0x%0*x", i / row_elems, i % row_elems,
+                        (int)elem * 2, va, (int)elem * 2, vb);
+            return;
+        }
+    }
+}
+
+static size_t count_changed(const hook_run *run, const void *init) {
+    return memcmp(run->bytes + GUARD_BYTES + run->out.offset, init, run->out.payload) != 0;
+}
+
+static void conform_hook_case(tovl_backend *ref, tovl_backend *dut, const case_def *c, const char *kernel,
+                              uint64_t seed, tovl_conform_result *r) {
+    hook_inputs in;
+    r->passed = true;
+    if (!hook_inputs_make(c, seed, &in)) {
+        result_fail(r, "out of host memory");
+        hook_inputs_free(&in);
+        return;
+    }
+    if (!tovl_try_kernel(dut, kernel)) {
+        result_fail(r, "kernel '%s' missing on this backend", kernel);
+        hook_inputs_free(&in);
+        return;
+    }
+    const char *denorm = tovl_backend_property(dut, "f32_denormals");
+    if (c->subnormal_dots && denorm && strcmp(denorm, "preserved") != 0) {
+        r->skipped = true;
+        snprintf(r->detail, sizeof r->detail, "device f32 denormals: %s (spec allows a difference)", denorm);
+        hook_inputs_free(&in);
+        return;
+    }
+    hook_run a, b;
+    tovl_status sa = run_hook(ref, &in, kernel, &a);
+    tovl_status sb = sa == TOVL_OK ? run_hook(dut, &in, kernel, &b) : TOVL_OK;
+    if (sa != TOVL_OK) {
+        result_fail(r, "reference failed: %s", tovl_last_error());
+    } else if (sb != TOVL_OK) {
+        result_fail(r, "%s: %s", tovl_status_str(sb), tovl_last_error());
+    } else {
+        bool embed = strcmp(kernel, TOVL_KERNEL_EMBED_OVERLAY) == 0;
+        bool f32 = strcmp(kernel, TOVL_KERNEL_LMHEAD_OVERLAY_F32) == 0;
+        const void *init = embed ? (const void *)in.hidden : f32 ? (const void *)in.logits_f32 : (const void *)in.logits_bf16;
+        long dmg = guard_damage(&b.out, b.bytes);
+        if (dmg >= 0) {
+            result_fail(r, "wrote outside its output: guard byte %ld of %zu changed", dmg, b.out.total);
+        }
+        if (guard_damage(&a.out, a.bytes) >= 0) {
+            result_fail(r, "reference wrote outside its output");
+        }
+        if (!count_changed(&a, init)) {
+            result_fail(r, "the reference patched nothing: the case is vacuous");
+        }
+        compare_payload(r, &a, &b, embed ? 2 : f32 ? 4 : 2, embed ? c->h : in.ld);
+    }
+    if (sa == TOVL_OK) {
+        free(a.bytes);
+    }
+    if (sa == TOVL_OK && sb == TOVL_OK) {
+        free(b.bytes);
+    }
+    hook_inputs_free(&in);
+}
+
+/* ------------------------------------------------------------------------ */
+/* rowdiff cases: launched directly so the flags buffer can carry guards.    */
+/* ------------------------------------------------------------------------ */
+static void make_rowdiff_pair(const rowdiff_case *c, uint64_t seed, uint16_t *a, uint16_t *b) {
+    rng r = {seed};
+    size_t n = (size_t)c->rows * c->h;
+    for (size_t i = 0; i < n; i++) {
+        a[i] = rng_bf16(&r);
+        b[i] = a[i];
+    }
+    for (uint32_t row = 0; row < c->rows; row++) {
+        uint16_t *ra = a + (size_t)row * c->h, *rb = b + (size_t)row * c->h;
+        uint32_t col = rng_below(&r, c->h);
+        switch (rng_below(&r, 10)) {
+        case 0: rb[col] ^= 1; break;                        /* one ulp */
+        case 1: ra[col] = 0x0000; rb[col] = 0x8000; break;   /* +0 vs -0 */
+        case 2: rb[col] = 0x7FC0; break;                    /* NaN on one side */
+        case 3: ra[col] = 0x7FC0; rb[col] = 0xFFC1; break;   /* NaN on both, other bits */
+        case 4: ra[col] = 0x7F80; rb[col] = 0x7F80; break;   /* same Inf */
+        case 5: rb[col] = tovl_f32_to_bf16(tovl_bf16_to_f32(ra[col]) + 0.5f); break; /* above 0.1 */
+        case 6: ra[col] = 0x3F80; rb[col] = 0x3F81; break;   /* 1.0 vs 1.0078: below 0.1, above 1e-3 */
+        case 7: ra[col] = 0x7F80; rb[col] = 0x4000; break;   /* Inf vs finite */
+        default: break;                                      /* equal rows */
+        }
+    }
+}
+
+static tovl_status run_rowdiff(tovl_backend *be, const rowdiff_case *c, const uint16_t *a, const uint16_t *b,
+                               guarded *flags, uint8_t **bytes) {
+    guarded ga = {0}, gb = {0};
+    size_t n = (size_t)c->rows * c->h * 2;
+    tovl_kernel k = tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF);
+    tovl_status st = guarded_make(be, a, n, 0, &ga);
+    if (st == TOVL_OK) st = guarded_make(be, b, n, 0, &gb);
+    if (st == TOVL_OK) st = guarded_make(be, NULL, (size_t)c->rows * 4, 0, flags);
+    if (st == TOVL_OK) {
+        tovl_rowdiff_args args = {.a = ga.data, .b = gb.data, .flags = flags->data, .rows = c->rows, .h = c->h,
+                                  .tol = c->tol};
+        const uint32_t grid[3] = {c->rows, 1, 1};
+        st = tovl_backend_get_iface(be)->launch(tovl_backend_get_context(be), k, grid, &args, sizeof args, NULL);
+    }
+    if (st == TOVL_OK) st = tovl_synchronize(be, NULL);
+    if (st == TOVL_OK) st = guarded_read(be, flags, bytes);
+    tovl_free(be, ga.base);
+    tovl_free(be, gb.base);
+    tovl_free(be, flags->base);
+    return st;
+}
+
+static void conform_rowdiff_case(tovl_backend *ref, tovl_backend *dut, const rowdiff_case *c, uint64_t seed,
+                                 tovl_conform_result *r) {
+    r->passed = true;
+    if (!tovl_try_kernel(dut, TOVL_KERNEL_ROWDIFF)) {
+        result_fail(r, "kernel 'rowdiff' missing on this backend");
+        return;
+    }
+    size_t n = (size_t)c->rows * c->h;
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    if (!a || !b) {
+        result_fail(r, "out of host memory");
+        free(a);
+        free(b);
+        return;
+    }
+    make_rowdiff_pair(c, seed, a, b);
+    guarded fa, fb;
+    uint8_t *ba = NULL, *bb = NULL;
+    tovl_status sa = run_rowdiff(ref, c, a, b, &fa, &ba);
+    tovl_status sb = sa == TOVL_OK ? run_rowdiff(dut, c, a, b, &fb, &bb) : TOVL_OK;
+    if (sa != TOVL_OK) {
+        result_fail(r, "reference failed: %s", tovl_last_error());
+    } else if (sb != TOVL_OK) {
+        result_fail(r, "%s: %s", tovl_status_str(sb), tovl_last_error());
+    } else {
+        long dmg = guard_damage(&fb, bb);
+        if (dmg >= 0) {
+            result_fail(r, "wrote outside flags: guard byte %ld changed", dmg);
+        }
+        const uint32_t *ra = (const uint32_t *)(ba + GUARD_BYTES), *rb = (const uint32_t *)(bb + GUARD_BYTES);
+        uint32_t differing = 0;
+        for (uint32_t i = 0; i < c->rows; i++) {
+            differing += ra[i] == 1;
+            if (ra[i] != rb[i]) {
+                result_fail(r, "row %u: expected flag %u, got 0x%08x", i, ra[i], rb[i]);
+                break;
+            }
+        }
+        if (differing == 0 || differing == c->rows) {
+            result_fail(r, "the reference flagged %u of %u rows: the case is vacuous", differing, c->rows);
+        }
+    }
+    free(ba);
+    free(bb);
+    free(a);
+    free(b);
+}
+
+/* ------------------------------------------------------------------------ */
+size_t tovl_conform_backend(tovl_backend *ref, tovl_backend *dut, uint64_t seed, FILE *log,
+                            tovl_conform_report *report) {
+    size_t failed_before = report->failed;
+    const char *name = tovl_backend_name(dut);
+    rng r = {seed};
+    for (size_t i = 0; i < HOOK_CASE_COUNT; i++) {
+        uint64_t case_seed = rng_next(&r);
+        for (size_t k = 0; k < 3; k++) {
+            tovl_conform_result *res = report_add(report, name, hook_kernels[k], hook_cases[i].name);
+            if (!res) {
+                return report->failed - failed_before + 1;
+            }
+            conform_hook_case(ref, dut, &hook_cases[i], hook_kernels[k], case_seed, res);
+            if (res->skipped) report->skipped++;
+            else if (res->passed) report->passed++;
+            else report->failed++;
+            if (log) {
+                fprintf(log, "conform %-7s %-20s %-26s %s%s%s\n", name, res->kernel, res->case_name,
+                        res->skipped ? "SKIP" : res->passed ? "ok" : "FAIL", res->detail[0] ? ": " : "", res->detail);
+            }
+        }
+    }
+    for (size_t i = 0; i < ROWDIFF_CASE_COUNT; i++) {
+        tovl_conform_result *res = report_add(report, name, TOVL_KERNEL_ROWDIFF, rowdiff_cases[i].name);
+        if (!res) {
+            return report->failed - failed_before + 1;
+        }
+        conform_rowdiff_case(ref, dut, &rowdiff_cases[i], rng_next(&r), res);
+        if (res->passed) report->passed++;
+        else report->failed++;
+        if (log) {
+            fprintf(log, "conform %-7s %-20s %-26s %s%s%s\n", name, res->kernel, res->case_name,
+                    res->passed ? "ok" : "FAIL", res->detail[0] ? ": " : "", res->detail);
+        }
+    }
+    return report->failed - failed_before;
+}
