@@ -1,1 +1,199 @@
-int tovl_testutil_placeholder;
+#include "testutil.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t tu_seed(void) {
+    static uint64_t seed;
+    static bool have;
+    if (!have) {
+        const char *env = getenv("TOVL_TEST_SEED");
+        if (env && *env) {
+            seed = strtoull(env, NULL, 0);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            seed = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40);
+        }
+        have = true;
+        fprintf(stderr, "tovl tests: seed %" PRIu64 " (replay with TOVL_TEST_SEED=%" PRIu64 ")\n", seed, seed);
+    }
+    return seed;
+}
+
+uint64_t tu_next(tu_rng *r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+tu_rng tu_rng_for(const char *test_name) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = test_name; *p; p++) {
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    }
+    tu_rng r = {tu_seed() ^ h};
+    tu_next(&r);
+    return r;
+}
+
+uint32_t tu_below(tu_rng *r, uint32_t n) {
+    return n ? (uint32_t)(tu_next(r) % n) : 0;
+}
+
+uint16_t tu_bf16(tu_rng *r) {
+    float v = ldexpf(1.0f + (float)tu_below(r, 1u << 16) / 65536.0f, (int)tu_below(r, 17) - 8);
+    return tovl_f32_to_bf16((tu_next(r) & 1) ? -v : v);
+}
+
+void tu_fill_bf16(tu_rng *r, uint16_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = tu_bf16(r);
+    }
+}
+
+void tu_distinct_ids(tu_rng *r, uint32_t vocab, uint32_t n, uint32_t *ids) {
+    for (uint32_t j = 0; j < n; j++) {
+        bool dup;
+        do {
+            ids[j] = tu_below(r, vocab);
+            dup = false;
+            for (uint32_t k = 0; k < j; k++) {
+                dup = dup || ids[k] == ids[j];
+            }
+        } while (dup);
+    }
+}
+
+/* ---- the wrapping backend ---- */
+#define INNER(w) tovl_backend_get_iface((w)->inner)
+#define INNER_CTX(w) tovl_backend_get_context((w)->inner)
+
+static void w_destroy(void *ctx) {
+    tu_wrap *w = ctx;
+    tovl_backend_close(w->inner);
+    free(w);
+}
+static const char *w_device(void *ctx) {
+    tu_wrap *w = ctx;
+    return INNER(w)->device(INNER_CTX(w));
+}
+static tovl_status w_alloc(void *ctx, size_t bytes, tovl_devptr *out) {
+    tu_wrap *w = ctx;
+    w->alloc_calls++;
+    if (w->fail_alloc_at > 0 && w->alloc_calls == w->fail_alloc_at) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "test: injected allocation failure");
+    }
+    tovl_status st = INNER(w)->alloc(INNER_CTX(w), bytes, out);
+    if (st == TOVL_OK) {
+        w->allocs++;
+    }
+    return st;
+}
+static void w_free(void *ctx, tovl_devptr p) {
+    tu_wrap *w = ctx;
+    w->frees++;
+    INNER(w)->free(INNER_CTX(w), p);
+}
+static tovl_status w_upload(void *ctx, tovl_devptr dst, const void *src, size_t bytes) {
+    tu_wrap *w = ctx;
+    w->uploads++;
+    if (w->fail_upload_at > 0 && w->uploads == w->fail_upload_at) {
+        return tovl_error(TOVL_ERR_DEVICE, "test: injected upload failure");
+    }
+    return INNER(w)->upload(INNER_CTX(w), dst, src, bytes);
+}
+static tovl_status w_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
+    tu_wrap *w = ctx;
+    w->downloads++;
+    return INNER(w)->download(INNER_CTX(w), dst, src, bytes);
+}
+static tovl_status w_fill(void *ctx, tovl_devptr dst, uint32_t pattern, size_t bytes) {
+    tu_wrap *w = ctx;
+    w->fills++;
+    return INNER(w)->fill_u32(INNER_CTX(w), dst, pattern, bytes);
+}
+static tovl_kernel w_try_kernel(void *ctx, const char *name) {
+    tu_wrap *w = ctx;
+    w->lookups++;
+    if (w->fail_lookup_at > 0 && w->lookups == w->fail_lookup_at) {
+        return 0;
+    }
+    for (int i = 0; i < 5 && w->hidden_kernels[i]; i++) {
+        if (strcmp(w->hidden_kernels[i], name) == 0) {
+            return 0;
+        }
+    }
+    return INNER(w)->try_kernel(INNER_CTX(w), name);
+}
+static tovl_status w_launch(void *ctx, tovl_kernel k, const uint32_t grid[3], const void *args, size_t size,
+                            void *stream) {
+    tu_wrap *w = ctx;
+    w->launches++;
+    if (w->fail_launch_at > 0 && w->launches == w->fail_launch_at) {
+        return tovl_error(TOVL_ERR_LAUNCH, "test: injected launch failure");
+    }
+    if (w->launch_override) {
+        return w->launch_override(w, k, grid, args, size, stream);
+    }
+    return INNER(w)->launch(INNER_CTX(w), k, grid, args, size, stream);
+}
+static tovl_status w_sync(void *ctx, void *stream) {
+    tu_wrap *w = ctx;
+    w->syncs++;
+    return INNER(w)->synchronize(INNER_CTX(w), stream);
+}
+
+tovl_backend *tu_wrap_cpu(tu_wrap **wrap) {
+    tu_wrap *w = calloc(1, sizeof *w);
+    if (!w || tovl_backend_open("cpu", &w->inner) != TOVL_OK) {
+        free(w);
+        return NULL;
+    }
+    w->iface = (tovl_backend_iface){
+        .iface_version = TOVL_BACKEND_IFACE_VERSION,
+        .name = "wrap",
+        .destroy = w_destroy,
+        .device = w_device,
+        .alloc = w_alloc,
+        .free = w_free,
+        .upload = w_upload,
+        .download = w_download,
+        .fill_u32 = w_fill,
+        .try_kernel = w_try_kernel,
+        .launch = w_launch,
+        .synchronize = w_sync,
+    };
+    tovl_backend *be = NULL;
+    if (tovl_backend_create(&w->iface, w, &be) != TOVL_OK) {
+        return NULL;
+    }
+    *wrap = w;
+    return be;
+}
+
+long tu_live(const tu_wrap *w) {
+    return w->allocs - w->frees;
+}
+
+tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
+                     uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,
+                     tovl_embed_overlay **out) {
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_overlay_desc d = {
+        .adapter = "test-adapter",
+        .vocab = vocab,
+        .hidden = hidden,
+        .embed = {"embed.weight", eids, erows, ne, hidden},
+        .has_lmhead = has_lm,
+        .lmhead = {"lm_head.weight", lids, lrows, nl, hidden},
+        .tied = tied,
+    };
+    return tovl_build_overlay(be, &k, &d, out);
+}

@@ -79,23 +79,27 @@ typedef struct case_def {
     bool active_slot;       /* no slot array: every row uses one slot */
     bool misaligned;        /* hidden and logits start 2 / 4 bytes past an aligned address */
     bool subnormal_dots;    /* dot products whose results are f32 subnormals */
+    bool hostile_slots;     /* most rows carry slots < 0 or >= max_loras */
+    bool fma_probe;         /* even rows: a subnormal tie that a fused multiply-add rounds otherwise */
 } case_def;
 
 static const case_def hook_cases[] = {
-    {"mixed_untied", 48, 256, 1000, 0, 4, 24, false, false, false, false, false},
-    {"mixed_tied", 48, 256, 1000, 0, 4, 24, true, false, false, false, false},
-    {"odd_sizes_h100", 37, 100, 3001, 0, 5, 17, true, false, false, false, false},
-    {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false},
-    {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false},
-    {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false},
-    {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false},
-    {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false},
-    {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false},
-    {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false},
-    {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false},
-    {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false},
-    {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false},
-    {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true},
+    {"mixed_untied", 48, 256, 1000, 0, 4, 24, false, false, false, false, false, false, false},
+    {"mixed_tied", 48, 256, 1000, 0, 4, 24, true, false, false, false, false, false, false},
+    {"odd_sizes_h100", 37, 100, 3001, 0, 5, 17, true, false, false, false, false, false, false},
+    {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false, false, false},
+    {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false, false, false},
+    {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false, false, false},
+    {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false, false, false},
+    {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false, false, false},
+    {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false, false, false},
+    {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false, false, false},
+    {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false, false, false},
+    {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false, false, false},
+    {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false, false, false},
+    {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true, false, false},
+    {"slots_out_of_range", 64, 40, 300, 0, 3, 12, true, false, false, false, false, true, false},
+    {"fma_subnormal_tie", 16, 257, 100, 0, 2, 8, false, false, false, false, true, false, true},
 };
 #define HOOK_CASE_COUNT (sizeof hook_cases / sizeof hook_cases[0])
 
@@ -277,6 +281,20 @@ static void fill_rows(rng *r, const case_def *c, uint16_t *rows, size_t count) {
     }
 }
 
+/* Lane 0 of a probe dot holds x[0]*w[0] = 2^-149, then adds x[256]*w[256] =
+ * 2^-150, a tie: unfused it rounds to 0 first (sum 2^-149), fused the sum
+ * 1.5 * 2^-149 rounds to 2^-148. Odd rows stay random. */
+static void fma_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side) {
+    for (size_t row = 0; row < count; row += 2) {
+        uint16_t *p = rows + row * h;
+        for (uint32_t i = 0; i < h; i++) {
+            p[i] = 0;
+        }
+        p[0] = tovl_f32_to_bf16(ldexpf(1.0f, hidden_side ? -74 : -75));
+        p[256] = tovl_f32_to_bf16(ldexpf(1.0f, -75));
+    }
+}
+
 static void hook_inputs_free(hook_inputs *in) {
     if (in->slots) {
         for (uint32_t s = 0; s < in->c->max_loras; s++) {
@@ -315,6 +333,9 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         if (c->max_loras == 1) {
             sd->kind = c->tied ? SLOT_EMBED_ONLY : SLOT_BOTH;
         }
+        if (c->hostile_slots) {
+            sd->kind = SLOT_BOTH;
+        }
         bool has_embed = sd->kind == SLOT_EMBED_ONLY || sd->kind == SLOT_BOTH || sd->kind == SLOT_LMHEAD_NONE;
         bool has_lm = sd->kind == SLOT_LMHEAD_ONLY || sd->kind == SLOT_BOTH;
         sd->n_embed = has_embed ? 1 + rng_below(&r, c->rows_per_slot) : 0;
@@ -336,29 +357,49 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         distinct_ids(&r, c->vocab, sd->n_lm, sd->lm_ids);
         fill_rows(&r, c, sd->embed_rows, (size_t)sd->n_embed * c->h);
         fill_rows(&r, c, sd->lm_rows, (size_t)sd->n_lm * c->h);
+        if (c->fma_probe) {
+            fma_probe_rows(sd->embed_rows, sd->n_embed, c->h, false);
+            fma_probe_rows(sd->lm_rows, sd->n_lm, c->h, false);
+        }
     }
     in->active = c->active_slot ? 0 : -1;
     for (uint32_t t = 0; t < c->T; t++) {
         /* Slots: mostly valid, some -1 and some >= max_loras. */
         uint32_t pick = rng_below(&r, 10);
+        if (c->hostile_slots) {
+            pick = pick < 8 ? pick % 2 : 2; /* 80% out of range */
+        }
         int32_t s = pick == 0 ? -1 - (int32_t)rng_below(&r, 3)
-                  : pick == 1 ? (int32_t)(c->max_loras + rng_below(&r, 3))
+                  : pick == 1 ? (int32_t)(c->max_loras + ((rng_next(&r) & 1) ? 0 : rng_below(&r, 1000)))
                               : (int32_t)rng_below(&r, c->max_loras);
+        if (t == 0) {
+            s = 0; /* row 0 always patches (slot 0 has both parts): no case is vacuous */
+        }
         in->token_slots[t] = s;
         int32_t eff = c->active_slot ? in->active : s;
         /* Ids: mostly overlaid ids of the row's slot, some random, some >= vocab. */
         uint32_t id = rng_below(&r, c->vocab);
         uint32_t how = rng_below(&r, 10);
-        if (how == 0) {
+        if (how == 0 && t > 0) {
             id = c->vocab + rng_below(&r, 1000);
-        } else if (how == 1) {
+        } else if (how == 1 && t > 0) {
             id = 0xFFFFFFFFu - rng_below(&r, 4); /* a negative i32 read as u32 */
-        } else if (how < 8 && eff >= 0 && (uint32_t)eff < c->max_loras && in->slots[eff].n_embed) {
-            id = in->slots[eff].embed_ids[rng_below(&r, in->slots[eff].n_embed)];
+        } else if (how < 8 || t == 0) {
+            /* An id the row's slot overlays; for an out-of-range slot, an id a
+             * neighbouring valid slot overlays, so a port that clamps or wraps
+             * slots instead of skipping them would patch it. */
+            uint32_t src = eff >= 0 && (uint32_t)eff < c->max_loras ? (uint32_t)eff
+                         : eff < 0 ? 0 : c->max_loras - 1;
+            if (in->slots[src].n_embed) {
+                id = in->slots[src].embed_ids[rng_below(&r, in->slots[src].n_embed)];
+            }
         }
         in->token_ids[t] = id;
     }
     fill_rows(&r, c, in->hidden, (size_t)c->T * c->h);
+    if (c->fma_probe) {
+        fma_probe_rows(in->hidden, c->T, c->h, true);
+    }
     for (size_t i = 0; i < (size_t)c->T * in->ld; i++) {
         in->logits_bf16[i] = rng_bf16(&r);
         in->logits_f32[i] = tovl_bf16_to_f32(rng_bf16(&r)) * 1.25f;

@@ -1,0 +1,51 @@
+/* Shared test helpers: seeded random data (a fresh seed per run, printed, or
+ * TOVL_TEST_SEED to replay) and a wrapping backend that counts and can fail
+ * device operations. */
+#ifndef TOVL_TESTUTIL_H
+#define TOVL_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tovl/backend.h"
+
+/* The run's seed: TOVL_TEST_SEED when set, else fresh; printed once. */
+uint64_t tu_seed(void);
+/* A generator seeded from tu_seed() and a per-test salt. */
+typedef struct tu_rng {
+    uint64_t state;
+} tu_rng;
+tu_rng tu_rng_for(const char *test_name);
+uint64_t tu_next(tu_rng *r);
+uint32_t tu_below(tu_rng *r, uint32_t n);
+/* A non-zero bf16 of random sign and magnitude 2^-8 .. 2^8. */
+uint16_t tu_bf16(tu_rng *r);
+void tu_fill_bf16(tu_rng *r, uint16_t *dst, size_t n);
+/* n distinct ids below vocab. */
+void tu_distinct_ids(tu_rng *r, uint32_t vocab, uint32_t n, uint32_t *ids);
+
+/* A wrapping backend around the CPU backend. It counts operations and, when a
+ * fail_*_at counter is N > 0, makes the Nth such operation fail. */
+typedef struct tu_wrap {
+    tovl_backend *inner;
+    tovl_backend_iface iface;
+    long alloc_calls, allocs, frees, uploads, downloads, fills, launches, syncs, lookups;
+    long fail_alloc_at, fail_upload_at, fail_lookup_at, fail_launch_at;
+    /* Kernels the wrapper hides (try_kernel answers 0), by name, NULL-terminated. */
+    const char *hidden_kernels[5];
+    /* When set, replaces the inner launch (mutation tests). */
+    tovl_status (*launch_override)(struct tu_wrap *w, tovl_kernel k, const uint32_t grid[3], const void *args,
+                                   size_t size, void *stream);
+} tu_wrap;
+
+/* Opens a CPU backend wrapped; *wrap points at the counters (owned by the backend). */
+tovl_backend *tu_wrap_cpu(tu_wrap **wrap);
+/* Live device allocations (allocs - frees). */
+long tu_live(const tu_wrap *w);
+
+/* Build an overlay from host data in one call (test shorthand). */
+tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
+                     uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,
+                     tovl_embed_overlay **out);
+
+#endif
