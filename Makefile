@@ -1,0 +1,25 @@
+# The two commands a newcomer needs on a fresh Debian 12 machine:
+#   make run    set up, build, and run the conformance suite on every backend present
+#   make test   set up, build, and run the whole test suite through CTest
+# Everything else is CMake (CMakePresets.json); this file only strings it together.
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+
+.PHONY: run test setup build clean
+
+run: build
+	./build/tools/tovl devices
+	./build/tools/tovl conform
+
+test: build
+	ctest --preset default -j $(JOBS)
+
+setup:
+	scripts/setup-debian.sh
+
+build: setup
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS)
+
+clean:
+	rm -rf build
