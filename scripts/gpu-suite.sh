@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs, on a GPU machine, in one call: the whole test suite, the conformance
+# table on every backend present, each backend's own GPU checks
+# (scripts/gpu/*.sh: sanitizers, graphs, benchmarks, the PyTorch peer), and
+# writes logs under $OUT. Prepare with scripts/gpu-prepare.sh first.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+export OUT=${OUT:-/tmp/tovl-gpu-out}
+mkdir -p "$OUT"
+cd "$here"
+
+# The Vulkan loader, unpacked into / (as the device README says), and the
+# NVIDIA ICD.
+for f in .gl/*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
+ldconfig
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+export VK_LAYER_PATH="$here/.gpulibs/layers"
+
+# The build tree holds absolute paths of the machine that built it.
+built_in=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build-gpu/CMakeCache.txt)
+if [ -n "$built_in" ] && [ "$built_in" != "$here" ] && [ ! -e "$built_in" ]; then
+  mkdir -p "$(dirname "$built_in")" && ln -s "$here" "$built_in"
+fi
+tovl_env() { LD_LIBRARY_PATH="$here/.gpulibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+
+summary=()
+step() { # step NAME COMMAND...: run, log, remember the result
+  local name=$1; shift
+  echo "=== $name: $*"
+  if "$@" > "$OUT/$name.log" 2>&1; then summary+=("ok    $name"); else summary+=("FAIL  $name (rc $?)"); fi
+  tail -n 25 "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+step devices tovl_env build-gpu/tools/tovl devices
+step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4
+step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json"
+for part in scripts/gpu/*.sh; do
+  [ -f "$part" ] || continue
+  name=$(basename "$part" .sh)
+  step "gpu-$name" env TOVL_ENV_LIBS="$here/.gpulibs" bash "$part"
+done
+
+echo
+echo "=== summary ($(date -u +%FT%TZ), $(head -2 "$OUT/gpu.txt" | tail -1))"
+printf '%s\n' "${summary[@]}"
