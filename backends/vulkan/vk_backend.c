@@ -1,0 +1,222 @@
+/* The Vulkan backend's vtable: open (own instance and device) or wrap (the
+ * caller's), destroy, device description and properties. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tovl/tovl_vulkan.h"
+#include "vk_internal.h"
+
+void tovl_vk_ctx_destroy(vk_ctx *ctx) {
+    if (!ctx) {
+        return;
+    }
+    if (ctx->device) {
+        /* Our own submissions always wait; this covers a failed one. */
+        if (ctx->queue) {
+            ctx->vk.vkQueueWaitIdle(ctx->queue);
+        }
+        tovl_vk_kernels_release(ctx);
+        tovl_vk_memory_release(ctx);
+        if (ctx->owns_device) {
+            ctx->vk.vkDestroyDevice(ctx->device, NULL);
+        }
+    }
+    if (ctx->instance && ctx->owns_instance) {
+        if (ctx->messenger) {
+            ctx->destroy_messenger(ctx->instance, ctx->messenger, NULL);
+        }
+        vkDestroyInstance(ctx->instance, NULL);
+    }
+    if (ctx->loader) {
+        dlclose(ctx->loader);
+    }
+    free(ctx);
+}
+
+static void vk_destroy(void *ctx) {
+    tovl_vk_ctx_destroy(ctx);
+}
+
+static const char *vk_device(void *vctx) {
+    return ((vk_ctx *)vctx)->device_text;
+}
+
+static const char *vk_property(void *vctx, const char *key) {
+    vk_ctx *ctx = vctx;
+    if (strcmp(key, "subgroup_size") == 0) {
+        return ctx->subgroup_text;
+    }
+    if (strcmp(key, "f32_denormals") == 0) {
+        return ctx->denormals_text;
+    }
+    if (strcmp(key, "driver") == 0) {
+        return ctx->driver_text;
+    }
+    if (strcmp(key, "float_controls") == 0) {
+        return ctx->float_controls_text;
+    }
+    if (strcmp(key, "api_version") == 0) {
+        return ctx->api_text;
+    }
+    if (strcmp(key, "validation") == 0) {
+        return ctx->validation ? "on" : "off";
+    }
+    if (strcmp(key, "validation_messages") == 0) {
+        /* Warnings and errors of the validation layer so far (0 when off). */
+        snprintf(ctx->validation_text, sizeof ctx->validation_text, "%u",
+                 atomic_load(&ctx->validation_messages));
+        return ctx->validation_text;
+    }
+    return NULL;
+}
+
+static tovl_status vk_synchronize(void *vctx, void *stream) {
+    (void)vctx;
+    if (stream) {
+        return tovl_error(TOVL_ERR_UNSUPPORTED,
+                          "vulkan: a VkCommandBuffer is submitted by its owner; wait on your own fence");
+    }
+    return TOVL_OK; /* our own submissions have already been waited for */
+}
+
+static const tovl_backend_iface vk_iface = {
+    .iface_version = TOVL_BACKEND_IFACE_VERSION,
+    .name = "vulkan",
+    .destroy = vk_destroy,
+    .device = vk_device,
+    .property = vk_property,
+    .alloc = tovl_vk_alloc,
+    .free = tovl_vk_free,
+    .upload = tovl_vk_upload,
+    .download = tovl_vk_download,
+    .fill_u32 = tovl_vk_fill_u32,
+    .try_kernel = tovl_vk_try_kernel,
+    .launch = tovl_vk_launch,
+    .synchronize = vk_synchronize,
+    .time_kernel = tovl_vk_time_kernel,
+    .copy_bandwidth = tovl_vk_copy_bandwidth,
+};
+
+/* Load the Vulkan loader (or use the caller's entry point) into volk. */
+static tovl_status load_loader(vk_ctx *ctx, tovl_vk_get_instance_proc_addr given) {
+    PFN_vkGetInstanceProcAddr gipa;
+    if (given) {
+        gipa = (PFN_vkGetInstanceProcAddr)given;
+    } else {
+        ctx->loader = dlopen("libvulkan.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!ctx->loader) {
+            const char *why = dlerror();
+            return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "vulkan: libvulkan.so.1 not found: %s",
+                              why ? why : "dlopen failed");
+        }
+        /* POSIX guarantees dlsym's object pointer converts to a function pointer. */
+        void *sym = dlsym(ctx->loader, "vkGetInstanceProcAddr");
+        if (!sym) {
+            return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "vulkan: libvulkan.so.1 has no vkGetInstanceProcAddr");
+        }
+        memcpy(&gipa, &sym, sizeof gipa);
+    }
+    volkInitializeCustom(gipa);
+    return TOVL_OK;
+}
+
+/* Everything after the device exists: queue, pools, staging, pipelines. */
+/* Takes ownership of ctx: on failure it is destroyed here. */
+static tovl_status finish_open(vk_ctx *ctx, uint32_t queue_index, tovl_backend **out) {
+    ctx->vk.vkGetDeviceQueue(ctx->device, ctx->queue_family, queue_index, &ctx->queue);
+    if (!ctx->queue) {
+        tovl_vk_ctx_destroy(ctx);
+        return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "vulkan: no queue %u in family %u", queue_index,
+                          ctx->queue_family);
+    }
+    tovl_vk_describe_device(ctx);
+    tovl_status st = tovl_vk_memory_init(ctx);
+    if (st == TOVL_OK) {
+        st = tovl_vk_kernels_init(ctx);
+    }
+    if (st == TOVL_OK && !ctx->float_controls.denorm_preserve && ctx->pipelines[VK_KERNEL_LMHEAD_F32]) {
+        bool preserved = false;
+        st = tovl_vk_probe_denormals(ctx, &preserved);
+        snprintf(ctx->denormals_text, sizeof ctx->denormals_text, "%s",
+                 preserved ? "preserved" : "flushed (measured; device lacks DenormPreserve for f32)");
+        if (preserved) {
+            snprintf(ctx->float_controls_text, sizeof ctx->float_controls_text,
+                     "DenormPreserve=unsupported (driver default measured: preserved) SignedZeroInfNanPreserve=%s RTE=%s",
+                     ctx->float_controls.signed_zero_inf_nan_preserve ? "on" : "unsupported",
+                     ctx->float_controls.rounding_rte ? "on" : "unsupported");
+        }
+    }
+    if (st != TOVL_OK) {
+        tovl_vk_ctx_destroy(ctx);
+        return st;
+    }
+    return tovl_backend_create(&vk_iface, ctx, out); /* destroys ctx itself on failure */
+}
+
+static tovl_status vk_open(tovl_backend **out) {
+    *out = NULL;
+    vk_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    }
+    atomic_init(&ctx->validation_messages, 0u);
+    tovl_status st = load_loader(ctx, NULL);
+    if (st == TOVL_OK) {
+        st = tovl_vk_open_own(ctx);
+    }
+    if (st != TOVL_OK) {
+        tovl_vk_ctx_destroy(ctx);
+        return st;
+    }
+    return finish_open(ctx, 0, out);
+}
+
+tovl_status tovl_vulkan_backend_wrap(const tovl_vulkan_device_desc *desc, tovl_backend **out) {
+    if (!out) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_vulkan_backend_wrap: out is NULL");
+    }
+    *out = NULL;
+    if (!desc || !desc->instance || !desc->physical_device || !desc->device) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "tovl_vulkan_backend_wrap: desc, instance, physical_device or device is NULL");
+    }
+    vk_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
+    }
+    atomic_init(&ctx->validation_messages, 0u);
+    tovl_status st = load_loader(ctx, desc->get_instance_proc_addr);
+    if (st != TOVL_OK) {
+        tovl_vk_ctx_destroy(ctx);
+        return st;
+    }
+    ctx->instance = (VkInstance)desc->instance;
+    ctx->physical = (VkPhysicalDevice)desc->physical_device;
+    volkLoadInstanceOnly(ctx->instance);
+    const char *missing = NULL;
+    if (tovl_vk_check_physical_device(ctx->physical, &missing) != TOVL_OK) {
+        tovl_vk_ctx_destroy(ctx);
+        return tovl_error(TOVL_ERR_UNSUPPORTED, "tovl_vulkan_backend_wrap: the physical device lacks %s", missing);
+    }
+    uint32_t nfam = 0;
+    vkGetPhysicalDeviceQueueFamilyProperties(ctx->physical, &nfam, NULL);
+    VkQueueFamilyProperties fam[32];
+    nfam = nfam > 32 ? 32 : nfam;
+    vkGetPhysicalDeviceQueueFamilyProperties(ctx->physical, &nfam, fam);
+    if (desc->queue_family >= nfam || !(fam[desc->queue_family].queueFlags & VK_QUEUE_COMPUTE_BIT) ||
+        desc->queue_index >= fam[desc->queue_family].queueCount) {
+        tovl_vk_ctx_destroy(ctx);
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "tovl_vulkan_backend_wrap: queue family %u / index %u is not a compute queue of the device",
+                          desc->queue_family, desc->queue_index);
+    }
+    ctx->queue_family = desc->queue_family;
+    ctx->device = (VkDevice)desc->device;
+    volkLoadDeviceTable(&ctx->vk, ctx->device);
+    st = finish_open(ctx, desc->queue_index, out);
+    return st;
+}
+
+const tovl_backend_factory tovl_vulkan_backend_factory = {"vulkan", vk_open};

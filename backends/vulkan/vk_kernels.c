@@ -1,0 +1,313 @@
+/* The embedded shader table, pipelines (all created at open, so a launch never
+ * allocates), and launches: push constants = the C argument struct, recorded
+ * into the caller's VkCommandBuffer or into our own and submitted. */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vk_internal.h"
+
+/* The push-constant blocks of shaders/args.glsl use these exact offsets. */
+#define ARG_AT(type, member, offset) \
+    _Static_assert(offsetof(type, member) == (offset), #type "." #member " must be at byte " #offset)
+ARG_AT(tovl_rowdiff_args, a, 0);
+ARG_AT(tovl_rowdiff_args, b, 8);
+ARG_AT(tovl_rowdiff_args, flags, 16);
+ARG_AT(tovl_rowdiff_args, rows, 24);
+ARG_AT(tovl_rowdiff_args, h, 28);
+ARG_AT(tovl_rowdiff_args, tol, 32);
+ARG_AT(tovl_rowdiff_args, pad0, 36);
+_Static_assert(sizeof(tovl_rowdiff_args) == 40, "RowdiffArgs is 40 bytes");
+ARG_AT(tovl_embed_overlay_args, hidden, 0);
+ARG_AT(tovl_embed_overlay_args, token_ids, 8);
+ARG_AT(tovl_embed_overlay_args, token_slots, 16);
+ARG_AT(tovl_embed_overlay_args, slot_map_table, 24);
+ARG_AT(tovl_embed_overlay_args, rows_table, 32);
+ARG_AT(tovl_embed_overlay_args, n_table, 40);
+ARG_AT(tovl_embed_overlay_args, T, 48);
+ARG_AT(tovl_embed_overlay_args, h, 52);
+ARG_AT(tovl_embed_overlay_args, vocab, 56);
+ARG_AT(tovl_embed_overlay_args, max_loras, 60);
+ARG_AT(tovl_embed_overlay_args, active_slot, 64);
+ARG_AT(tovl_embed_overlay_args, pad0, 68);
+_Static_assert(sizeof(tovl_embed_overlay_args) == 72, "EmbedOverlayArgs is 72 bytes");
+ARG_AT(tovl_lmhead_overlay_args, logits, 0);
+ARG_AT(tovl_lmhead_overlay_args, hidden, 8);
+ARG_AT(tovl_lmhead_overlay_args, row_slots, 16);
+ARG_AT(tovl_lmhead_overlay_args, rows_table, 24);
+ARG_AT(tovl_lmhead_overlay_args, ids_table, 32);
+ARG_AT(tovl_lmhead_overlay_args, n_table, 40);
+ARG_AT(tovl_lmhead_overlay_args, ld, 48);
+ARG_AT(tovl_lmhead_overlay_args, T, 56);
+ARG_AT(tovl_lmhead_overlay_args, h, 60);
+ARG_AT(tovl_lmhead_overlay_args, vocab, 64);
+ARG_AT(tovl_lmhead_overlay_args, max_loras, 68);
+ARG_AT(tovl_lmhead_overlay_args, active_slot, 72);
+ARG_AT(tovl_lmhead_overlay_args, max_n, 76);
+_Static_assert(sizeof(tovl_lmhead_overlay_args) == 80, "LmheadOverlayArgs is 80 bytes");
+
+/* The largest argument struct; the pipeline layout's push-constant range. */
+#define VK_PUSH_CONSTANT_BYTES 80u
+_Static_assert(VK_PUSH_CONSTANT_BYTES <= 128, "push constants must fit the 128 bytes every device has");
+
+/* SPIR-V embedded at build time (backends/vulkan/CMakeLists.txt). */
+extern const unsigned char tovl_vk_spirv_rowdiff[];
+extern const size_t tovl_vk_spirv_rowdiff_size;
+extern const unsigned char tovl_vk_spirv_embed_overlay[];
+extern const size_t tovl_vk_spirv_embed_overlay_size;
+extern const unsigned char tovl_vk_spirv_lmhead_overlay_bf16[];
+extern const size_t tovl_vk_spirv_lmhead_overlay_bf16_size;
+extern const unsigned char tovl_vk_spirv_lmhead_overlay_f32[];
+extern const size_t tovl_vk_spirv_lmhead_overlay_f32_size;
+
+typedef struct vk_shader {
+    const char *name;
+    const unsigned char *spirv; /* NULL: not in this build (handle 0) */
+    const size_t *spirv_size;
+    size_t args_size;
+} vk_shader;
+
+static const vk_shader shaders[VK_KERNEL_COUNT] = {
+    [VK_KERNEL_ROWDIFF] = {TOVL_KERNEL_ROWDIFF, tovl_vk_spirv_rowdiff, &tovl_vk_spirv_rowdiff_size,
+                           sizeof(tovl_rowdiff_args)},
+    [VK_KERNEL_EMBED_OVERLAY] = {TOVL_KERNEL_EMBED_OVERLAY, tovl_vk_spirv_embed_overlay,
+                                 &tovl_vk_spirv_embed_overlay_size, sizeof(tovl_embed_overlay_args)},
+    [VK_KERNEL_LMHEAD_BF16] = {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, tovl_vk_spirv_lmhead_overlay_bf16,
+                               &tovl_vk_spirv_lmhead_overlay_bf16_size, sizeof(tovl_lmhead_overlay_args)},
+    [VK_KERNEL_LMHEAD_F32] = {TOVL_KERNEL_LMHEAD_OVERLAY_F32, tovl_vk_spirv_lmhead_overlay_f32,
+                              &tovl_vk_spirv_lmhead_overlay_f32_size, sizeof(tovl_lmhead_overlay_args)},
+};
+
+static tovl_status create_pipeline(vk_ctx *ctx, const vk_shader *shader, VkPipeline *out) {
+    uint32_t *words = NULL;
+    size_t bytes = 0;
+    tovl_status st = tovl_vk_spirv_with_float_controls(shader->spirv, *shader->spirv_size, ctx->float_controls, &words,
+                                                  &bytes);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    VkShaderModuleCreateInfo module_info = {
+        .sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
+        .codeSize = bytes,
+        .pCode = words,
+    };
+    VkShaderModule module;
+    VkResult r = ctx->vk.vkCreateShaderModule(ctx->device, &module_info, NULL, &module);
+    free(words);
+    if (r != VK_SUCCESS) {
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreateShaderModule(%s): %s", shader->name, tovl_vk_result_str(r));
+    }
+    VkComputePipelineCreateInfo info = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage =
+            {
+                .sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                .module = module,
+                .pName = "main",
+            },
+        .layout = ctx->layout,
+    };
+    r = ctx->vk.vkCreateComputePipelines(ctx->device, VK_NULL_HANDLE, 1, &info, NULL, out);
+    ctx->vk.vkDestroyShaderModule(ctx->device, module, NULL);
+    if (r != VK_SUCCESS) {
+        *out = VK_NULL_HANDLE;
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreateComputePipelines(%s): %s", shader->name,
+                          tovl_vk_result_str(r));
+    }
+    return TOVL_OK;
+}
+
+tovl_status tovl_vk_kernels_init(vk_ctx *ctx) {
+    VkPushConstantRange range = {
+        .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT,
+        .offset = 0,
+        .size = VK_PUSH_CONSTANT_BYTES,
+    };
+    VkPipelineLayoutCreateInfo layout = {
+        .sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
+        .pushConstantRangeCount = 1,
+        .pPushConstantRanges = &range,
+    };
+    VkResult r = ctx->vk.vkCreatePipelineLayout(ctx->device, &layout, NULL, &ctx->layout);
+    if (r != VK_SUCCESS) {
+        ctx->layout = VK_NULL_HANDLE;
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreatePipelineLayout: %s", tovl_vk_result_str(r));
+    }
+    for (int k = 0; k < VK_KERNEL_COUNT; k++) {
+        if (!shaders[k].spirv) {
+            continue;
+        }
+        tovl_status st = create_pipeline(ctx, &shaders[k], &ctx->pipelines[k]);
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
+    return TOVL_OK;
+}
+
+void tovl_vk_kernels_release(vk_ctx *ctx) {
+    if (!ctx->device) {
+        return;
+    }
+    for (int k = 0; k < VK_KERNEL_COUNT; k++) {
+        if (ctx->pipelines[k]) {
+            ctx->vk.vkDestroyPipeline(ctx->device, ctx->pipelines[k], NULL);
+        }
+    }
+    if (ctx->layout) {
+        ctx->vk.vkDestroyPipelineLayout(ctx->device, ctx->layout, NULL);
+    }
+}
+
+tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
+    vk_ctx *ctx = vctx;
+    for (int k = 0; k < VK_KERNEL_COUNT; k++) {
+        if (strcmp(name, shaders[k].name) == 0) {
+            return ctx->pipelines[k] ? (tovl_kernel)(k + 1) : 0;
+        }
+    }
+    return 0;
+}
+
+/* Logical grid -> workgroup counts (see the shaders' main()). */
+static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], uint32_t groups[3]) {
+    uint32_t rows, chunks;
+    if (k == VK_KERNEL_LMHEAD_BF16 || k == VK_KERNEL_LMHEAD_F32) {
+        /* X = chunks of cells of k, Y and Z = t. */
+        rows = grid[0];
+        chunks = (uint32_t)(((uint64_t)grid[1] + VK_LMHEAD_CELLS_PER_GROUP - 1) / VK_LMHEAD_CELLS_PER_GROUP);
+        groups[0] = chunks;
+        groups[1] = rows < ctx->max_groups[1] ? rows : ctx->max_groups[1];
+        groups[2] = groups[1] ? (uint32_t)(((uint64_t)rows + groups[1] - 1) / groups[1]) : 0;
+        if (groups[0] > ctx->max_groups[0] || groups[2] > ctx->max_groups[2]) {
+            return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid (%u, %u) exceeds the device's workgroup counts",
+                              shaders[k].name, grid[0], grid[1]);
+        }
+    } else {
+        /* X and Y = the one logical index. */
+        rows = grid[0];
+        groups[0] = rows < ctx->max_groups[0] ? rows : ctx->max_groups[0];
+        groups[1] = groups[0] ? (uint32_t)(((uint64_t)rows + groups[0] - 1) / groups[0]) : 0;
+        groups[2] = 1;
+        if (groups[1] > ctx->max_groups[1]) {
+            return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid %u exceeds the device's workgroup counts",
+                              shaders[k].name, grid[0]);
+        }
+    }
+    return TOVL_OK;
+}
+
+tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, const uint32_t grid[3],
+                             const void *args, size_t args_size) {
+    if (kernel == 0 || kernel > VK_KERNEL_COUNT || !ctx->pipelines[kernel - 1]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+    }
+    int k = (int)kernel - 1;
+    if (!args || args_size != shaders[k].args_size) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: kernel %s expects %zu bytes of arguments, got %zu",
+                          shaders[k].name, shaders[k].args_size, args_size);
+    }
+    uint32_t groups[3];
+    tovl_status st = workgroups(ctx, k, grid, groups);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    /* Whatever wrote the inputs before (the engine's gather or lm_head, a
+     * copy) is visible to the kernel; the kernel's writes are visible to
+     * whatever the caller records next. */
+    VkMemoryBarrier before = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+        .srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT,
+        .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
+    };
+    VkMemoryBarrier after = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+        .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+        .dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT,
+    };
+    ctx->vk.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1,
+                                 &before, 0, NULL, 0, NULL);
+    ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[k]);
+    ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)args_size, args);
+    if (groups[0] && groups[1] && groups[2]) {
+        ctx->vk.vkCmdDispatch(cmd, groups[0], groups[1], groups[2]);
+    }
+    ctx->vk.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1,
+                                 &after, 0, NULL, 0, NULL);
+    return TOVL_OK;
+}
+
+tovl_status tovl_vk_launch(void *vctx, tovl_kernel kernel, const uint32_t grid[3], const void *args, size_t args_size,
+                      void *stream) {
+    vk_ctx *ctx = vctx;
+    if (stream) {
+        /* The caller's command buffer, in the recording state: record only. */
+        return tovl_vk_record_launch(ctx, (VkCommandBuffer)stream, kernel, grid, args, args_size);
+    }
+    tovl_status st = tovl_vk_begin_own(ctx);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    st = tovl_vk_record_launch(ctx, ctx->cmd, kernel, grid, args, args_size);
+    if (st != TOVL_OK) {
+        ctx->vk.vkEndCommandBuffer(ctx->cmd);
+        return st;
+    }
+    return tovl_vk_submit_own(ctx, "launch");
+}
+
+/* Without the DenormPreserve mode the driver's default applies, which Vulkan
+ * leaves open: measure it with the lm_head kernel itself. The probe dot is
+ * lane 0 = 2^-149 (a subnormal product), then + 2^-150 (a product that is a
+ * rounding tie): unfused and subnormal-preserving it is exactly 2^-149 (bits
+ * 0x00000001); flushing gives 0, a fused multiply-add 2^-148. */
+tovl_status tovl_vk_probe_denormals(vk_ctx *ctx, bool *preserved) {
+    enum { H = 257, HIDDEN = 0, WEIGHTS = 528, IDS = 1056, ROWS_TABLE = 1072, IDS_TABLE = 1080, N_TABLE = 1088,
+           LOGITS = 1104, BYTES = 1120 };
+    unsigned char image[BYTES];
+    memset(image, 0, sizeof image);
+    const uint16_t x0 = 0x1A80;     /* 2^-74 in bf16 */
+    const uint16_t w_tiny = 0x1A00; /* 2^-75 */
+    memcpy(image + HIDDEN, &x0, 2);
+    memcpy(image + HIDDEN + 2 * 256, &w_tiny, 2);
+    memcpy(image + WEIGHTS, &w_tiny, 2);
+    memcpy(image + WEIGHTS + 2 * 256, &w_tiny, 2);
+    const uint32_t one = 1, poison = 0xDEADBEEFu;
+    memcpy(image + N_TABLE, &one, 4);
+    memcpy(image + LOGITS, &poison, 4);
+    tovl_devptr base = 0;
+    tovl_status st = tovl_vk_alloc(ctx, BYTES, &base);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    const uint64_t rows = base + WEIGHTS, ids = base + IDS;
+    memcpy(image + ROWS_TABLE, &rows, 8);
+    memcpy(image + IDS_TABLE, &ids, 8);
+    tovl_lmhead_overlay_args args = {
+        .logits = base + LOGITS,
+        .hidden = base + HIDDEN,
+        .rows_table = base + ROWS_TABLE,
+        .ids_table = base + IDS_TABLE,
+        .n_table = base + N_TABLE,
+        .ld = 1,
+        .T = 1,
+        .h = H,
+        .vocab = 1,
+        .max_loras = 1,
+        .active_slot = 0,
+        .max_n = 1,
+    };
+    const uint32_t grid[3] = {1, 1, 1};
+    uint32_t result = 0;
+    st = tovl_vk_upload(ctx, base, image, BYTES);
+    if (st == TOVL_OK) {
+        st = tovl_vk_launch(ctx, VK_KERNEL_LMHEAD_F32 + 1, grid, &args, sizeof args, NULL);
+    }
+    if (st == TOVL_OK) {
+        st = tovl_vk_download(ctx, &result, base + LOGITS, 4);
+    }
+    tovl_vk_free(ctx, base);
+    *preserved = result == 0x00000001u;
+    return st;
+}

@@ -1,0 +1,50 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// embed_overlay: for each token t whose slot holds an overlay row for its id,
+// hidden[t, :] = that row (a bit-exact bf16 copy). Other rows stay untouched.
+// One workgroup per token; 16-byte copies when the rows allow.
+#define TOVL_ARGS_EMBED_OVERLAY
+#include "common.glsl"
+#include "args.glsl"
+
+layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
+
+void main() {
+    uint t = linear_group_xy();
+    if (t >= args.T) {
+        return;
+    }
+    int s = row_slot(args.token_slots, args.active_slot, t);
+    if (!slot_valid(s, args.max_loras)) {
+        return;
+    }
+    uint64_t slot_map = U64Buf(args.slot_map_table).v[s];
+    if (slot_map == uint64_t(0)) {
+        return;
+    }
+    uint id = U32Buf(args.token_ids).v[t];
+    if (id >= args.vocab) {
+        return;
+    }
+    int j = I32Buf(slot_map).v[id];
+    if (j < 0 || uint(j) >= U32Buf(args.n_table).v[s]) {
+        return;
+    }
+    uint h = args.h;
+    uint64_t src = element_address(U64Buf(args.rows_table).v[s], uint64_t(j) * uint64_t(h), 2u);
+    uint64_t dst = element_address(args.hidden, uint64_t(t) * uint64_t(h), 2u);
+    uint tid = gl_LocalInvocationIndex;
+    if ((h & 7u) == 0u && is_aligned16(src) && is_aligned16(dst)) {
+        U16x8Buf from = U16x8Buf(src);
+        U16x8Buf to = U16x8Buf(dst);
+        for (uint m = tid; m < h / 8u; m += 256u) {
+            to.v[m] = from.v[m];
+        }
+    } else {
+        U16Buf from = U16Buf(src);
+        U16Buf to = U16Buf(dst);
+        for (uint i = tid; i < h; i += 256u) {
+            to.v[i] = from.v[i];
+        }
+    }
+}

@@ -1,0 +1,133 @@
+// lmhead_overlay_{bf16,f32} body (included by the two .comp files, which set
+// TOVL_LOGITS_F32 or not): for row t of slot s and each k < n_override[s] with
+// id = ids[s][k] < vocab, logits[t * ld + id] = dot(hidden[t, :], rows[s][k, :]).
+//
+// Dispatch: X = chunks of TEAMS cells of k, Y (and Z past 65535) = t.
+// A workgroup stages hidden[t] in shared memory once per XBLOCK elements and
+// reuses it for its TEAMS weight rows. Team g (32 invocations) computes cell
+// k = chunk * TEAMS + g; invocation q of a team owns the spec's logical lanes
+// 8q .. 8q+7 and adds elements i = 256 j + 8q + e (e = 0..7) in increasing j,
+// fed by 16-byte loads. The 256-lane tree then runs in shared memory with
+// workgroup barriers: no subgroup operation, so the bits do not depend on the
+// subgroup size.
+#define TOVL_ARGS_LMHEAD_OVERLAY
+#include "common.glsl"
+#include "args.glsl"
+
+layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
+
+const uint LANES = 256u;       // the spec's logical dot lanes
+const uint TEAM = 32u;         // invocations per cell, 8 lanes each
+const uint TEAMS = 8u;         // cells per workgroup
+const uint XBLOCK = 4096u;     // hidden elements staged at a time (8 KiB)
+
+shared uvec4 hidden_block[XBLOCK / 8u];
+shared float lanes[TEAMS * LANES]; // 8 KiB: with hidden_block, the 16 KiB every device has
+
+// The 8 bf16 of a 16-byte word as f32, elements 0..3 and 4..7.
+vec4 low_four(uvec4 w) {
+    return uintBitsToFloat(uvec4(w.x << 16, w.x & 0xFFFF0000u, w.y << 16, w.y & 0xFFFF0000u));
+}
+vec4 high_four(uvec4 w) {
+    return uintBitsToFloat(uvec4(w.z << 16, w.z & 0xFFFF0000u, w.w << 16, w.w & 0xFFFF0000u));
+}
+
+// Two bf16 elements (first, first + 1) of a row as one packed word; elements
+// at or past h read as +0. Padding adds +0 * +0 = +0 to a lane, which changes
+// nothing: a lane starts at +0 and so is never -0.
+uint load_pair(uint64_t row, uint first, uint h) {
+    U16Buf r = U16Buf(row);
+    uint lo = first < h ? uint(r.v[first]) : 0u;
+    uint hi = first + 1u < h ? uint(r.v[first + 1u]) : 0u;
+    return lo | (hi << 16);
+}
+
+uvec4 load_eight_scalar(uint64_t row, uint first, uint h) {
+    return uvec4(load_pair(row, first, h), load_pair(row, first + 2u, h), load_pair(row, first + 4u, h),
+                 load_pair(row, first + 6u, h));
+}
+
+void main() {
+    uint chunk = gl_WorkGroupID.x;
+    uint t = gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+    if (t >= args.T) {
+        return; // every early return here is uniform across the workgroup
+    }
+    int s = row_slot(args.row_slots, args.active_slot, t);
+    if (!slot_valid(s, args.max_loras)) {
+        return;
+    }
+    uint n = min(U32Buf(args.n_table).v[s], args.max_n);
+    uint k0 = chunk * TEAMS;
+    if (k0 >= n) {
+        return;
+    }
+    uint h = args.h;
+    uint tid = gl_LocalInvocationIndex;
+    uint team = tid / TEAM;
+    uint q = tid % TEAM;
+    uint k = k0 + team;
+    uint64_t rows_base = U64Buf(args.rows_table).v[s];
+    bool cell_live = k < n;
+    uint id = 0u;
+    if (cell_live) {
+        id = U32Buf(U64Buf(args.ids_table).v[s]).v[k];
+        cell_live = id < args.vocab;
+    }
+    uint64_t x_row = element_address(args.hidden, uint64_t(t) * uint64_t(h), 2u);
+    uint64_t w_row = element_address(rows_base, uint64_t(k) * uint64_t(h), 2u);
+    // Every row start is 16-byte aligned when h is a multiple of 8 and both bases are.
+    bool wide = (h & 7u) == 0u && is_aligned16(args.hidden) && is_aligned16(rows_base);
+
+    precise vec4 acc_low = vec4(0.0);  // lanes 8q .. 8q+3
+    precise vec4 acc_high = vec4(0.0); // lanes 8q+4 .. 8q+7
+    for (uint x0 = 0u; x0 < h; x0 += XBLOCK) {
+        uint xn = min(XBLOCK, h - x0);
+        uint words = (xn + 7u) / 8u;
+        barrier(); // the previous block's readers are done
+        if (wide) {
+            U16x8Buf x8 = U16x8Buf(x_row);
+            for (uint m = tid; m < words; m += 256u) {
+                hidden_block[m] = x8.v[x0 / 8u + m];
+            }
+        } else {
+            for (uint m = tid; m < words * 4u; m += 256u) {
+                hidden_block[m / 4u][m % 4u] = load_pair(x_row, x0 + 2u * m, h);
+            }
+        }
+        barrier();
+        if (cell_live) {
+            for (uint g = 8u * q; g < xn; g += LANES) {
+                uvec4 xw = hidden_block[g / 8u];
+                uvec4 ww = wide ? U16x8Buf(w_row).v[(x0 + g) / 8u] : load_eight_scalar(w_row, x0 + g, h);
+                acc_low = acc_low + low_four(xw) * low_four(ww);
+                acc_high = acc_high + high_four(xw) * high_four(ww);
+            }
+        }
+    }
+
+    // The tree of the spec: for stride 128 .. 1, lane l += lane l + stride.
+    uint base = team * LANES + 8u * q;
+    for (uint e = 0u; e < 4u; e++) {
+        lanes[base + e] = acc_low[e];
+        lanes[base + 4u + e] = acc_high[e];
+    }
+    barrier();
+    for (uint stride = LANES / 2u; stride >= 1u; stride /= 2u) {
+        for (uint a = tid; a < TEAMS * stride; a += 256u) {
+            uint cell = (a / stride) * LANES + (a % stride);
+            precise float sum = lanes[cell] + lanes[cell + stride];
+            lanes[cell] = sum;
+        }
+        barrier();
+    }
+    if (cell_live && q == 0u) {
+        float dot = lanes[team * LANES];
+        uint64_t index = uint64_t(t) * args.ld + uint64_t(id);
+#if defined(TOVL_LOGITS_F32)
+        U32Buf(element_address(args.logits, index, 4u)).v[0] = f32_out_bits(dot);
+#else
+        U16Buf(element_address(args.logits, index, 2u)).v[0] = uint16_t(f32_to_bf16(dot));
+#endif
+    }
+}
