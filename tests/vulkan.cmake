@@ -1,0 +1,36 @@
+# Vulkan backend tests (included by tests/CMakeLists.txt). In CI they run on
+# Mesa's lavapipe, with the Khronos validation layer.
+if(NOT TOVL_HAVE_VULKAN)
+  return()
+endif()
+
+tovl_add_test(test_vulkan test_vulkan.c)
+target_link_libraries(test_vulkan PRIVATE ${CMAKE_DL_LIBS})
+
+# The generic conformance test, with validation on (any validation message
+# makes the run fail through test_vulkan_conform below).
+tovl_add_conform_test(vulkan)
+set_tests_properties(test_conform_vulkan PROPERTIES ENVIRONMENT "TOVL_VULKAN_VALIDATION=1")
+
+# Conformance + zero validation messages, at lavapipe's default subgroup size
+# (8) and again at subgroup size 4 (LP_NATIVE_VECTOR_WIDTH=128).
+add_executable(test_vulkan_conform test_vulkan_conform.c)
+target_link_libraries(test_vulkan_conform PRIVATE tovl_testutil tovl_conform)
+target_compile_options(test_vulkan_conform PRIVATE ${TOVL_C_FLAGS})
+add_test(NAME test_vulkan_conform COMMAND test_vulkan_conform --short-filename)
+add_test(NAME test_vulkan_conform_subgroup4 COMMAND test_vulkan_conform --short-filename)
+set_tests_properties(test_vulkan_conform PROPERTIES TIMEOUT 900 ENVIRONMENT "TOVL_VULKAN_VALIDATION=1")
+set_tests_properties(test_vulkan_conform_subgroup4 PROPERTIES TIMEOUT 900
+  ENVIRONMENT "TOVL_VULKAN_VALIDATION=1;LP_NATIVE_VECTOR_WIDTH=128;TOVL_EXPECT_LAVAPIPE_SUBGROUP=4")
+
+# Every float add/sub/mul of the embedded shaders must carry NoContraction
+# (no FMA fusion); a run on lavapipe cannot see fusion, so check the SPIR-V.
+find_program(TOVL_SPIRV_DIS spirv-dis)
+if(TOVL_SPIRV_DIS)
+  foreach(k rowdiff lmhead_overlay_bf16 lmhead_overlay_f32)
+    add_test(NAME test_vulkan_spirv_no_contraction_${k}
+      COMMAND ${CMAKE_COMMAND} -DSPIRV_DIS=${TOVL_SPIRV_DIS}
+              -DSPV=${PROJECT_BINARY_DIR}/backends/vulkan/shaders/${k}.spv
+              -P ${PROJECT_SOURCE_DIR}/backends/vulkan/check_no_contraction.cmake)
+  endforeach()
+endif()
