@@ -47,6 +47,12 @@ uvec4 load_eight_scalar(uint64_t row, uint first, uint h) {
                  load_pair(row, first + 6u, h));
 }
 
+// Lanes 8q .. 8q+7 += x * w for one 16-byte group; each product and each sum
+// rounds on its own (the accumulators are precise: no FMA).
+#define ACCUMULATE(xw, ww)                                   \
+    acc_low = acc_low + low_four(xw) * low_four(ww);         \
+    acc_high = acc_high + high_four(xw) * high_four(ww)
+
 void main() {
     uint chunk = gl_WorkGroupID.x;
     uint t = gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
@@ -97,11 +103,24 @@ void main() {
         }
         barrier();
         if (cell_live) {
-            for (uint g = 8u * q; g < xn; g += LANES) {
-                uvec4 xw = hidden_block[g / 8u];
+            uint g = 8u * q; // this invocation's lanes, then every LANES elements
+            if (wide) {
+                // Four 16-byte weight loads in flight, then their sums in increasing i.
+                U16x8Buf w8 = U16x8Buf(w_row);
+                for (; g + 3u * LANES < xn; g += 4u * LANES) {
+                    uvec4 w0 = w8.v[(x0 + g) / 8u];
+                    uvec4 w1 = w8.v[(x0 + g + LANES) / 8u];
+                    uvec4 w2 = w8.v[(x0 + g + 2u * LANES) / 8u];
+                    uvec4 w3 = w8.v[(x0 + g + 3u * LANES) / 8u];
+                    ACCUMULATE(hidden_block[g / 8u], w0);
+                    ACCUMULATE(hidden_block[(g + LANES) / 8u], w1);
+                    ACCUMULATE(hidden_block[(g + 2u * LANES) / 8u], w2);
+                    ACCUMULATE(hidden_block[(g + 3u * LANES) / 8u], w3);
+                }
+            }
+            for (; g < xn; g += LANES) {
                 uvec4 ww = wide ? U16x8Buf(w_row).v[(x0 + g) / 8u] : load_eight_scalar(w_row, x0 + g, h);
-                acc_low = acc_low + low_four(xw) * low_four(ww);
-                acc_high = acc_high + high_four(xw) * high_four(ww);
+                ACCUMULATE(hidden_block[g / 8u], ww);
             }
         }
     }
