@@ -322,6 +322,160 @@ TOVL_API uint16_t tovl_f32_to_bf16(float value);
 /* bf16 -> f32, exact. */
 TOVL_API float tovl_bf16_to_f32(uint16_t bits);
 
+/* ------------------------------------------------------------------------ */
+/* Adapters and base models (import)                                         */
+/* ------------------------------------------------------------------------ */
+/* Reading safetensors files, Hugging Face base model folders and PEFT / vLLM
+ * adapter folders, and turning an adapter into overlay rows with exactly what
+ * PEFT computes (docs/ADAPTERS.md lists every format and tied-model rule).
+ * Every file is validated before anything in it is trusted. Every error is
+ * TOVL_ERR_IO (a file cannot be opened, read or written), TOVL_ERR_FORMAT
+ * (malformed), TOVL_ERR_SHAPE_MISMATCH, TOVL_ERR_ID_OUT_OF_RANGE,
+ * TOVL_ERR_DUPLICATE_ID or TOVL_ERR_VOCAB_MISMATCH, and its detail is one line
+ * naming the file and the tensor or config field. Nothing is leaked on failure. */
+
+/* One tensor of a safetensors file: a view into the (memory-mapped) file. */
+typedef struct tovl_tensor {
+    const char *name;
+    const char *dtype;      /* as in the file: "BF16", "F16", "F32", "I32", ... */
+    uint32_t elem_size;     /* bytes per element */
+    uint32_t ndim;
+    const uint64_t *shape;  /* [ndim] */
+    uint64_t count;         /* elements: the product of shape (1 for ndim 0) */
+    const void *data;       /* count * elem_size bytes, not necessarily aligned */
+} tovl_tensor;
+
+typedef struct tovl_safetensors tovl_safetensors;
+
+/* Map a safetensors file read-only and validate its whole header: the header
+ * length lies within the file, the header is one JSON object (no duplicate
+ * names), every dtype is known, shape x element size equals the byte range,
+ * every range lies inside the data area and no two overlap. */
+TOVL_API tovl_status tovl_safetensors_open(const char *path, tovl_safetensors **out);
+/* The same over bytes in memory (not copied: they must outlive the object);
+ * `name` is used in error messages. */
+TOVL_API tovl_status tovl_safetensors_open_memory(const void *bytes, size_t size, const char *name,
+                                                  tovl_safetensors **out);
+TOVL_API void tovl_safetensors_close(tovl_safetensors *file);
+TOVL_API const char *tovl_safetensors_path(const tovl_safetensors *file);
+/* Tensors in order of their data offsets. */
+TOVL_API size_t tovl_safetensors_count(const tovl_safetensors *file);
+TOVL_API const tovl_tensor *tovl_safetensors_at(const tovl_safetensors *file, size_t index);
+/* NULL when absent. */
+TOVL_API const tovl_tensor *tovl_safetensors_find(const tovl_safetensors *file, const char *name);
+
+/* Write `count` tensors (name, dtype, ndim, shape, data; elem_size and count
+ * are derived) and optional string metadata (`metadata` holds key, value,
+ * key, value, ...; NULL when n_metadata is 0). Written to a temporary file
+ * and renamed, so `path` never holds a half-written file. */
+TOVL_API tovl_status tovl_safetensors_write(const char *path, const tovl_tensor *tensors, size_t count,
+                                            const char *const *metadata, size_t n_metadata);
+
+/* A base model folder: config.json (vocab_size, hidden_size,
+ * tie_word_embeddings) and model.safetensors or model.safetensors.index.json
+ * with model.embed_tokens.weight and, untied, lm_head.weight. Rows are bf16;
+ * F16 and F32 matrices are converted (nearest-even). */
+typedef struct tovl_model tovl_model;
+
+typedef struct tovl_model_info {
+    const char *dir;
+    uint32_t vocab;          /* the served vocab: config vocab_size, or the padded vocab asked for */
+    uint32_t config_vocab;   /* config.json vocab_size (rows of the embedding) */
+    uint32_t hidden;         /* config.json hidden_size */
+    bool tied;               /* the lm_head is the embedding */
+    bool tied_inferred;      /* config.json has no tie_word_embeddings: inferred from lm_head.weight's absence */
+    const char *embed_file;  /* the file holding model.embed_tokens.weight */
+    const char *embed_dtype; /* its dtype in the file */
+    const char *lmhead_file; /* the file holding lm_head.weight; NULL when tied */
+    const char *lmhead_dtype;
+} tovl_model_info;
+
+/* Open a model folder. `padded_vocab` 0 serves config vocab_size rows; a
+ * larger value is the engine's padded vocab: rows vocab_size .. padded_vocab-1
+ * are zero in the base embedding and lm_head (where added tokens live). */
+TOVL_API tovl_status tovl_model_open(const char *dir, uint32_t padded_vocab, tovl_model **out);
+TOVL_API void tovl_model_close(tovl_model *model);
+TOVL_API const tovl_model_info *tovl_model_get_info(const tovl_model *model);
+/* Base rows, bf16 [hidden]; NULL when id >= vocab. Tied: lmhead == embed. */
+TOVL_API const uint16_t *tovl_model_embed_row(const tovl_model *model, uint32_t id);
+TOVL_API const uint16_t *tovl_model_lmhead_row(const tovl_model *model, uint32_t id);
+/* The base lm_head product on the host: logits[t * vocab + v] =
+ * dot(hidden[t, :], lm_head row v) in f32, in the spec's fixed dot order.
+ * `hidden` is bf16 [T, hidden]; `logits` holds T * vocab floats. */
+TOVL_API tovl_status tovl_model_lmhead_product(const tovl_model *model, const uint16_t *hidden, uint32_t T,
+                                               float *logits);
+
+/* An adapter folder: adapter_config.json with adapter_model.safetensors
+ * (PEFT), and/or new_embeddings.safetensors (vLLM's extra vocabulary).
+ * Opening parses and validates the files; it needs no model. */
+typedef struct tovl_adapter tovl_adapter;
+
+/* Where overlay rows come from. */
+typedef enum tovl_adapter_source_kind {
+    TOVL_SOURCE_TRAINABLE_TOKENS = 0, /* PEFT trainable_tokens_delta: replacement rows for listed ids */
+    TOVL_SOURCE_MODULES_TO_SAVE = 1,  /* PEFT modules_to_save: the module's full matrix (a copy) */
+    TOVL_SOURCE_SAVED_BASE = 2,       /* a saved (resized) base layer, loaded into the base weight */
+    TOVL_SOURCE_VLLM_EXTRA_VOCAB = 3  /* new_embeddings.safetensors: rows for ids base_vocab + k */
+} tovl_adapter_source_kind;
+
+typedef enum tovl_adapter_module {
+    TOVL_MODULE_EMBED = 0,  /* the input embedding (embed_tokens) */
+    TOVL_MODULE_LMHEAD = 1  /* the output projection (lm_head) */
+} tovl_adapter_module;
+
+typedef struct tovl_adapter_source {
+    tovl_adapter_source_kind kind;
+    tovl_adapter_module module;
+    const char *file;         /* path of the safetensors file */
+    const char *tensor;       /* tensor name */
+    const char *dtype;
+    uint32_t rows, width;     /* the tensor's shape */
+    const uint32_t *ids;      /* trainable tokens: the config's ids [rows]; else NULL */
+    const char *config_field; /* the adapter_config.json field that declared it, or NULL */
+} tovl_adapter_source;
+
+typedef struct tovl_adapter_info {
+    const char *dir;
+    const char *format;         /* "peft trainable_token_indices", "peft modules_to_save", "vllm new_embeddings",
+                                   joined with " + "; "none" when the adapter has no token overlay */
+    bool ensure_weight_tying;   /* adapter_config.json ensure_weight_tying */
+    size_t source_count;
+    const tovl_adapter_source *sources;
+    size_t other_tensors;       /* tensors that are not token overlays (LoRA matrices, ...) */
+} tovl_adapter_info;
+
+TOVL_API tovl_status tovl_adapter_open(const char *dir, tovl_adapter **out);
+TOVL_API void tovl_adapter_close(tovl_adapter *adapter);
+TOVL_API const tovl_adapter_info *tovl_adapter_get_info(const tovl_adapter *adapter);
+
+/* An adapter resolved against a base model: the host rows of its overlay,
+ * exactly what PEFT computes for this model (tied rules included). Full
+ * matrices are uploaded and compared with the base on `backend` with rowdiff
+ * (tol 0), keeping only the changed rows. */
+typedef struct tovl_adapter_rows tovl_adapter_rows;
+
+typedef struct tovl_adapter_rows_info {
+    /* Ready for tovl_build_overlay (points into the object): vocab and hidden
+     * are the model's, ids increase, `tied` is the model's. */
+    tovl_overlay_desc desc;
+    const char *embed_sources;   /* the tensors the embed rows came from, "" when none */
+    const char *lmhead_sources;
+    const char *lmhead_rule;     /* one line: how the lm_head part was decided */
+    size_t warning_count;        /* e.g. rows beyond the served vocab, dropped */
+    const char *const *warnings;
+} tovl_adapter_rows_info;
+
+TOVL_API tovl_status tovl_adapter_resolve(tovl_backend *backend, const tovl_overlay_kernels *kernels,
+                                          const tovl_adapter *adapter, const tovl_model *model,
+                                          tovl_adapter_rows **out);
+TOVL_API void tovl_adapter_rows_free(tovl_adapter_rows *rows);
+TOVL_API const tovl_adapter_rows_info *tovl_adapter_rows_get_info(const tovl_adapter_rows *rows);
+
+/* tovl_adapter_resolve then tovl_build_overlay. */
+TOVL_API tovl_status tovl_adapter_build_overlay(tovl_backend *backend, const tovl_overlay_kernels *kernels,
+                                                const tovl_adapter *adapter, const tovl_model *model,
+                                                tovl_embed_overlay **out);
+
 #ifdef __cplusplus
 }
 #endif
