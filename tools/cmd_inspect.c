@@ -1,11 +1,254 @@
-/* tovl inspect: placeholder until its issue lands. */
+/* tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--json]
+ *
+ * Describes an adapter folder: the format found, the tensors the overlay rows
+ * come from, and, with --base, the overlaid ids of the embedding and of the
+ * lm_head as PEFT computes them for that model (full matrices are compared
+ * with the base on the backend, cpu by default), the tied-model rule applied
+ * and the sizes. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cJSON.h>
 
 #include "cli.h"
+#include "tovl/tovl.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--json]\n"
+               "  --base MODEL_DIR  resolve against this base model: overlaid ids, tied handling, sizes\n"
+               "  --vocab N         the engine's padded vocab (default: config.json vocab_size)\n"
+               "  --backend NAME    where full matrices are compared with the base (default cpu)\n"
+               "  --json            machine-readable output\n");
+}
+
+static const char *kind_name(tovl_adapter_source_kind k) {
+    switch (k) {
+    case TOVL_SOURCE_TRAINABLE_TOKENS: return "trainable_tokens";
+    case TOVL_SOURCE_MODULES_TO_SAVE: return "modules_to_save";
+    case TOVL_SOURCE_SAVED_BASE: return "saved_base_layer";
+    case TOVL_SOURCE_VLLM_EXTRA_VOCAB: return "vllm_extra_vocab";
+    }
+    return "?";
+}
+
+static const char *module_name(tovl_adapter_module m) {
+    return m == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head";
+}
+
+/* Parse a u32 option value. */
+static bool parse_u32(const char *s, uint32_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-') {
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+static void print_ids(const uint32_t *ids, uint32_t n) {
+    const uint32_t shown = 32;
+    for (uint32_t i = 0; i < n && i < shown; i++) {
+        printf("%s%u", i ? " " : "", ids[i]);
+    }
+    if (n > shown) {
+        printf(" ... (%u more)", n - shown);
+    }
+    printf("\n");
+}
+
+static void print_text(const tovl_adapter_info *a, const tovl_model_info *mi, const tovl_adapter_rows_info *r,
+                       const char *backend) {
+    printf("adapter:  %s\nformat:   %s\n", a->dir, a->format);
+    if (a->ensure_weight_tying) {
+        printf("ensure_weight_tying: true\n");
+    }
+    printf("tensors:\n");
+    for (size_t i = 0; i < a->source_count; i++) {
+        const tovl_adapter_source *s = &a->sources[i];
+        printf("  %-12s %-17s %s  %s [%u, %u]  in %s\n", module_name(s->module), kind_name(s->kind), s->tensor,
+               s->dtype, s->rows, s->width, s->file);
+        if (s->ids) {
+            printf("  %-12s %-17s ids from %s: ", "", "", s->config_field);
+            print_ids(s->ids, s->rows);
+        }
+    }
+    printf("  (%zu other tensors: LoRA matrices and the like, not token overlays)\n", a->other_tensors);
+    if (!mi) {
+        printf("(give --base MODEL_DIR for the overlaid ids, tied handling and sizes)\n");
+        return;
+    }
+    printf("base:     %s: vocab %u (vocab_size %u), hidden %u, %s%s\n", mi->dir, mi->vocab, mi->config_vocab,
+           mi->hidden, mi->tied ? "tied" : "untied", mi->tied_inferred ? " (inferred: no tie_word_embeddings)" : "");
+    const tovl_overlay_desc *d = &r->desc;
+    size_t row_bytes = (size_t)d->hidden * 2u;
+    printf("embed:    %u rows, %zu bytes of bf16 rows", d->embed.count, (size_t)d->embed.count * row_bytes);
+    if (d->embed.count) {
+        printf(", from %s\n          ids: ", r->embed_sources);
+        print_ids(d->embed.ids, d->embed.count);
+    } else {
+        printf("\n");
+    }
+    printf("lm_head:  %s\n", r->lmhead_rule);
+    if (d->has_lmhead) {
+        printf("          %u rows, %zu bytes of bf16 rows", d->lmhead.count, (size_t)d->lmhead.count * row_bytes);
+        if (d->lmhead.count) {
+            printf(", from %s\n          ids: ", r->lmhead_sources);
+            print_ids(d->lmhead.ids, d->lmhead.count);
+        } else {
+            printf(" (the lm_head is left alone)\n");
+        }
+    } else if (d->tied && d->embed.count) {
+        printf("          the %u embed rows patch the lm_head too\n", d->embed.count);
+    }
+    for (size_t i = 0; i < r->warning_count; i++) {
+        printf("warning:  %s\n", r->warnings[i]);
+    }
+    printf("(full matrices compared with the base on backend %s)\n", backend);
+}
+
+static cJSON *ids_json(const uint32_t *ids, uint32_t n) {
+    cJSON *arr = cJSON_CreateArray();
+    for (uint32_t i = 0; arr && i < n; i++) {
+        cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids[i]));
+    }
+    return arr;
+}
+
+static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, const tovl_adapter_rows_info *r) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "adapter", a->dir);
+    cJSON_AddStringToObject(root, "format", a->format);
+    cJSON_AddBoolToObject(root, "ensure_weight_tying", a->ensure_weight_tying);
+    cJSON *srcs = cJSON_AddArrayToObject(root, "sources");
+    for (size_t i = 0; srcs && i < a->source_count; i++) {
+        const tovl_adapter_source *s = &a->sources[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "module", module_name(s->module));
+        cJSON_AddStringToObject(o, "kind", kind_name(s->kind));
+        cJSON_AddStringToObject(o, "file", s->file);
+        cJSON_AddStringToObject(o, "tensor", s->tensor);
+        cJSON_AddStringToObject(o, "dtype", s->dtype);
+        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+        cJSON_AddItemToArray(shape, cJSON_CreateNumber(s->rows));
+        cJSON_AddItemToArray(shape, cJSON_CreateNumber(s->width));
+        if (s->ids) {
+            cJSON_AddStringToObject(o, "config_field", s->config_field);
+            cJSON_AddItemToObject(o, "ids", ids_json(s->ids, s->rows));
+        }
+        cJSON_AddItemToArray(srcs, o);
+    }
+    cJSON_AddNumberToObject(root, "other_tensors", (double)a->other_tensors);
+    if (mi) {
+        cJSON *b = cJSON_AddObjectToObject(root, "base");
+        cJSON_AddStringToObject(b, "dir", mi->dir);
+        cJSON_AddNumberToObject(b, "vocab", mi->vocab);
+        cJSON_AddNumberToObject(b, "vocab_size", mi->config_vocab);
+        cJSON_AddNumberToObject(b, "hidden", mi->hidden);
+        cJSON_AddBoolToObject(b, "tied", mi->tied);
+        cJSON_AddBoolToObject(b, "tied_inferred", mi->tied_inferred);
+        const tovl_overlay_desc *d = &r->desc;
+        cJSON *e = cJSON_AddObjectToObject(root, "embed");
+        cJSON_AddNumberToObject(e, "count", d->embed.count);
+        cJSON_AddNumberToObject(e, "bytes", (double)d->embed.count * d->hidden * 2.0);
+        cJSON_AddItemToObject(e, "ids", ids_json(d->embed.ids, d->embed.count));
+        cJSON_AddStringToObject(e, "sources", r->embed_sources);
+        cJSON *l = cJSON_AddObjectToObject(root, "lm_head");
+        cJSON_AddStringToObject(l, "rule", r->lmhead_rule);
+        cJSON_AddBoolToObject(l, "own_part", d->has_lmhead);
+        cJSON_AddBoolToObject(l, "follows_embed", !d->has_lmhead && d->tied);
+        const uint32_t *lids = d->has_lmhead ? d->lmhead.ids : (d->tied ? d->embed.ids : NULL);
+        uint32_t ln = d->has_lmhead ? d->lmhead.count : (d->tied ? d->embed.count : 0);
+        cJSON_AddNumberToObject(l, "count", ln);
+        cJSON_AddNumberToObject(l, "bytes", d->has_lmhead ? (double)d->lmhead.count * d->hidden * 2.0 : 0.0);
+        cJSON_AddItemToObject(l, "ids", ids_json(lids, ln));
+        cJSON_AddStringToObject(l, "sources", d->has_lmhead ? r->lmhead_sources : (d->tied ? r->embed_sources : ""));
+        cJSON *w = cJSON_AddArrayToObject(root, "warnings");
+        for (size_t i = 0; w && i < r->warning_count; i++) {
+            cJSON_AddItemToArray(w, cJSON_CreateString(r->warnings[i]));
+        }
+    }
+    char *text = root ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) {
+        fprintf(stderr, "tovl inspect: out of memory writing JSON\n");
+        return 2;
+    }
+    printf("%s\n", text);
+    free(text);
+    return 0;
+}
 
 int tovl_cmd_inspect(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tovl inspect: not implemented in this build\n");
-    return 2;
+    const char *adapter_dir = NULL, *base_dir = NULL, *backend_name = "cpu";
+    uint32_t padded = 0;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if ((strcmp(a, "--base") == 0 || strcmp(a, "--backend") == 0 || strcmp(a, "--vocab") == 0) &&
+                   i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(a, "--base") == 0) {
+                base_dir = v;
+            } else if (strcmp(a, "--backend") == 0) {
+                backend_name = v;
+            } else if (!parse_u32(v, &padded)) {
+                fprintf(stderr, "tovl inspect: --vocab '%s' is not a non-negative integer\n", v);
+                return 2;
+            }
+        } else if (a[0] != '-' && !adapter_dir) {
+            adapter_dir = a;
+        } else {
+            fprintf(stderr, "tovl inspect: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!adapter_dir) {
+        usage(stderr);
+        return 2;
+    }
+    tovl_adapter *adapter = NULL;
+    tovl_model *model = NULL;
+    tovl_backend *be = NULL;
+    tovl_adapter_rows *rows = NULL;
+    tovl_status st = tovl_adapter_open(adapter_dir, &adapter);
+    if (st == TOVL_OK && base_dir) {
+        st = tovl_model_open(base_dir, padded, &model);
+    }
+    if (st == TOVL_OK && model) {
+        st = tovl_backend_open(backend_name, &be);
+    }
+    if (st == TOVL_OK && model) {
+        tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+        st = tovl_adapter_resolve(be, &k, adapter, model, &rows);
+    }
+    int rc;
+    if (st != TOVL_OK) {
+        fprintf(stderr, "tovl inspect: %s\n", tovl_last_error());
+        rc = 2;
+    } else {
+        const tovl_adapter_info *ai = tovl_adapter_get_info(adapter);
+        const tovl_model_info *mi = model ? tovl_model_get_info(model) : NULL;
+        const tovl_adapter_rows_info *ri = rows ? tovl_adapter_rows_get_info(rows) : NULL;
+        if (json) {
+            rc = print_json(ai, mi, ri);
+        } else {
+            print_text(ai, mi, ri, backend_name);
+            rc = 0;
+        }
+    }
+    tovl_adapter_rows_free(rows);
+    tovl_backend_close(be);
+    tovl_model_close(model);
+    tovl_adapter_close(adapter);
+    return rc;
 }
