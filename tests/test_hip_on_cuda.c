@@ -1,0 +1,44 @@
+/* The HIP port's kernels executed for real, on NVIDIA: token_overlay.hip,
+ * compiled by nvcc through backends/hip/hip_on_cuda.h into a cubin (embedded
+ * here as tovl_hip_on_cuda_image), loaded through the CUDA backend's host
+ * code and run through the whole conformance suite against the CPU reference.
+ * Skips with the CUDA backend's reason where there is no NVIDIA GPU. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "conform.h"
+#include "testutil.h"
+#include "tovl/tovl_cuda.h"
+
+extern const unsigned char tovl_hip_on_cuda_image[];
+extern const size_t tovl_hip_on_cuda_image_size;
+
+static const char *const kernel_names[] = {TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY,
+                                           TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
+
+Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout = 900) {
+    tovl_backend *dut = NULL, *ref = NULL;
+    tovl_status st = tovl_cuda_backend_open_image(tovl_hip_on_cuda_image, tovl_hip_on_cuda_image_size, "hip-on-cuda",
+                                                  &dut);
+    if (st == TOVL_ERR_BACKEND_UNAVAILABLE) {
+        cr_skip_test("CUDA unavailable, the HIP port cannot run on NVIDIA here: %s", tovl_last_error());
+    }
+    cr_assert_eq(st, TOVL_OK, "loading the HIP port's cubin: %s", tovl_last_error());
+    for (size_t i = 0; i < sizeof kernel_names / sizeof kernel_names[0]; i++) {
+        cr_assert_neq(tovl_try_kernel(dut, kernel_names[i]), 0, "the HIP port's image lacks %s", kernel_names[i]);
+    }
+    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
+    uint64_t seed = tu_seed();
+    fprintf(stderr, "hip-on-cuda: the HIP port on %s, seed %" PRIu64 "\n", tovl_backend_device(dut), seed);
+    tovl_conform_report rep = {0};
+    size_t failed = tovl_conform_backend(ref, dut, seed, stderr, &rep);
+    cr_expect_eq(failed, 0, "%zu conformance cases of the HIP port failed on NVIDIA (seed %" PRIu64 ")", failed, seed);
+    cr_expect_eq(rep.count, tovl_conform_case_count());
+    /* The port keeps denormals (nvcc -ftz=false), so no case may skip. */
+    cr_expect_eq(rep.skipped, 0, "%zu cases skipped", rep.skipped);
+    cr_expect_eq(rep.passed, rep.count);
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(dut);
+    tovl_backend_close(ref);
+}
