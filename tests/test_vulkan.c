@@ -583,7 +583,7 @@ Test(vulkan, hooks_record_into_the_callers_command_buffer_bit_exact) {
             DFN(&e, vkDestroyBuffer)(e.device, buf, NULL);
         }
         cr_expect_gt(e.messages, before, "the validation messenger missed a deliberate error");
-    } else if (vulkan_required()) {
+    } else if (getenv("CI") && strcmp(getenv("CI"), "true") == 0) {
         cr_expect_fail("CI must run this with VK_LAYER_KHRONOS_validation installed");
     }
     engine_close(&e);
