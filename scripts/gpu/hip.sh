@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The HIP part of the GPU run (issue 7), on the H200 machine, from the repo
+# root, with the build in ./build-gpu (scripts/gpu-prepare.sh). There is no AMD
+# GPU there either: what runs is the HIP port's own source, token_overlay.hip,
+# compiled by nvcc through backends/hip/hip_on_cuda.h into test_hip_on_cuda and
+# loaded through the CUDA backend's host code. Runs:
+#   1. test_hip_on_cuda: the whole conformance suite on the HIP port against
+#      the CPU reference, bit for bit, with a fresh seed and two fixed ones;
+#   2. the same under compute-sanitizer memcheck, racecheck (the LDS tree),
+#      synccheck and initcheck (each under a time limit);
+#   3. the HIP backend itself on that machine: unavailable, with its reason.
+# Logs go to $OUT/hip (default /tmp/tovl-gpu-out/hip); a summary prints last.
+# TOVL_HIP_SANITIZERS (default "memcheck racecheck synccheck initcheck") and
+# TOVL_HIP_SANITIZER_TIMEOUT (seconds per tool, default 240) bound step 2.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here" || exit 1
+out=${OUT:-/tmp/tovl-gpu-out}/hip
+mkdir -p "$out"
+if [ -n "${TOVL_ENV_LIBS:-}" ]; then
+  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+build=${TOVL_GPU_BUILD:-build-gpu}   # another tree only for a local dry run
+test_bin=$build/tests/test_hip_on_cuda
+fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
+summary=()
+step() { # step NAME COMMAND...: run, keep the log, remember the outcome
+  local name=$1; shift
+  echo "=== hip/$name: $*"
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ]; then
+    summary+=("TIME  $name (stopped after its time limit; see $name.log)")
+  elif [ $rc -ne 0 ]; then
+    summary+=("FAIL  $name (rc $rc)")
+  elif grep -q '\[SKIP\]' "$out/$name.log"; then
+    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
+  else
+    summary+=("ok    $name")
+  fi
+  tail -n 8 "$out/$name.log"
+}
+
+if [ ! -x "$test_bin" ]; then
+  echo "hip: $test_bin was not built (it needs nvcc and the CUDA backend in $build)"
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$out/gpu.txt" 2>&1
+
+# 1. The HIP port, bit for bit against the CPU reference.
+for seed in "$fresh_seed" 1 20261129; do
+  step "conform-seed-$seed" env TOVL_TEST_SEED="$seed" "$test_bin" --verbose
+  if ! grep -qE '^conform .* ok$' "$out/conform-seed-$seed.log"; then
+    summary[${#summary[@]}-1]="FAIL  conform-seed-$seed ran no conformance case"
+  fi
+done
+
+# 2. Sanitizers (Criterion forks each test: follow the children).
+if command -v compute-sanitizer > /dev/null 2>&1; then
+  for tool in ${TOVL_HIP_SANITIZERS:-memcheck racecheck synccheck initcheck}; do
+    step "sanitizer-$tool" timeout "${TOVL_HIP_SANITIZER_TIMEOUT:-240}" \
+      compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 1 \
+      env TOVL_TEST_SEED="$fresh_seed" "$test_bin" --verbose
+  done
+else
+  summary+=("skip  compute-sanitizer not found")
+fi
+
+# 3. The HIP backend where no AMD runtime or GPU exists: unavailable, quietly.
+step test-hip "$build/tests/test_hip" --verbose
+"$build/tools/tovl" devices > "$out/devices.log" 2>&1
+hip_line=$(grep -m1 '^hip ' "$out/devices.log")
+
+echo
+echo "=== hip summary (seeds $fresh_seed 1 20261129; logs in $out)"
+echo "machine:    $(cat "$out/gpu.txt")"
+echo "ran:        the HIP port's source (token_overlay.hip via hip_on_cuda.h, nvcc sm_90) through the CUDA backend"
+for log in "$out"/conform-seed-*.log; do
+  [ -f "$log" ] || continue
+  printf 'conform:    %-22s %3d cases ok, %d failed, %d skipped\n' "$(basename "$log" .log)" \
+    "$(grep -cE '^conform .* ok$' "$log")" "$(grep -cE '^conform .* FAIL' "$log")" "$(grep -cE '^conform .* SKIP' "$log")"
+done
+echo "hip here:   ${hip_line:-?}"
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -q '^FAIL\|^TIME'
