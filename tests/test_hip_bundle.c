@@ -271,8 +271,8 @@ Test(hip_bundle, every_code_object_has_the_four_kernels_for_its_machine) {
         }
         /* The lm_head tree lives in LDS: 8 rows x 256 lanes of f32 at least. */
         for (int k = 2; k < KERNEL_COUNT; k++) {
-            cr_assert_geq(facts[k].lds_bytes, TOVL_HIP_LMHEAD_ROWS_PER_BLOCK * TOVL_HIP_BLOCK_THREADS * 4u, "%s %s", gfx,
-                          kernel_names[k]);
+            cr_assert_geq(facts[k].lds_bytes, TOVL_HIP_LMHEAD_ROWS_PER_BLOCK * TOVL_HIP_BLOCK_THREADS * 4u, "%s %s",
+                          gfx, kernel_names[k]);
         }
         cr_log_info("%s: machine 0x%02x, wave%d, lm_head LDS %u bytes, f32 denormals kept", gfx, (unsigned)mach,
                     wave32 ? 32 : 64, facts[2].lds_bytes);

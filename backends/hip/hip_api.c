@@ -83,12 +83,14 @@ static tovl_status load_locked(tovl_hip_api *api) {
         tovl_hip_error_text(api, count_error, count_text, sizeof count_text);
         if (init_error != TOVL_HIP_SUCCESS && init_error != count_error) {
             char text[80];
-            snprintf(init_text, sizeof init_text, "; hipInit: %s", tovl_hip_error_text(api, init_error, text, sizeof text));
+            snprintf(init_text, sizeof init_text, "; hipInit: %s",
+                     tovl_hip_error_text(api, init_error, text, sizeof text));
         }
         const char *library = api->library;
         /* Format before dlclose: the error names live in the library. */
-        tovl_status st = tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "no HIP device (hipGetDeviceCount: %s, %d devices%s; runtime %s)",
-                                    count_text, count, init_text, library);
+        tovl_status st =
+            tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "no HIP device (hipGetDeviceCount: %s, %d devices%s; runtime %s)",
+                       count_text, count, init_text, library);
         dlclose(lib);
         memset(api, 0, sizeof *api);
         return st;

@@ -43,17 +43,13 @@ typedef struct hip_ctx {
     char driver[64];
 } hip_ctx;
 
-static char *error_text(const hip_ctx *c, hipError_t e, char *buf, size_t size) {
-    tovl_hip_error_text(c->api, e, buf, size);
-    return buf;
-}
-
 /* Operations that name no stream act on the current device of this thread. */
 static tovl_status bind_device(hip_ctx *c, const char *what) {
     hipError_t e = c->api->hipSetDevice(c->device);
     if (e != TOVL_HIP_SUCCESS) {
         char t[96];
-        return tovl_error(TOVL_ERR_DEVICE, "hip: %s: hipSetDevice(%d): %s", what, c->device, error_text(c, e, t, sizeof t));
+        return tovl_error(TOVL_ERR_DEVICE, "hip: %s: hipSetDevice(%d): %s", what, c->device,
+                          tovl_hip_error_text(c->api, e, t, sizeof t));
     }
     return TOVL_OK;
 }
@@ -61,7 +57,7 @@ static tovl_status bind_device(hip_ctx *c, const char *what) {
 static tovl_status device_error(hip_ctx *c, const char *call, hipError_t e) {
     char t[96];
     tovl_status st = e == TOVL_HIP_ERROR_OUT_OF_MEMORY ? TOVL_ERR_OUT_OF_MEMORY : TOVL_ERR_DEVICE;
-    return tovl_error(st, "hip: %s: %s", call, error_text(c, e, t, sizeof t));
+    return tovl_error(st, "hip: %s: %s", call, tovl_hip_error_text(c->api, e, t, sizeof t));
 }
 
 static void hip_destroy(void *ctx) {
@@ -102,9 +98,9 @@ static tovl_status hip_alloc(void *ctx, size_t bytes, tovl_devptr *out) {
     void *p = NULL;
     hipError_t e = c->api->hipMalloc(&p, bytes);
     if (e != TOVL_HIP_SUCCESS) {
-        char t[96];
-        return tovl_error(e == TOVL_HIP_ERROR_OUT_OF_MEMORY ? TOVL_ERR_OUT_OF_MEMORY : TOVL_ERR_DEVICE,
-                          "hip: hipMalloc(%zu bytes): %s", bytes, error_text(c, e, t, sizeof t));
+        char call[48];
+        snprintf(call, sizeof call, "hipMalloc(%zu bytes)", bytes);
+        return device_error(c, call, e);
     }
     *out = (tovl_devptr)(uintptr_t)p;
     return TOVL_OK;
@@ -181,8 +177,8 @@ static tovl_status hip_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
     }
     const size_t k = kernel - 1;
     if (!args || args_size != hip_kernels[k].args_size) {
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s expects %zu bytes of arguments, got %zu", hip_kernels[k].name,
-                          hip_kernels[k].args_size, args_size);
+        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s expects %zu bytes of arguments, got %zu",
+                          hip_kernels[k].name, hip_kernels[k].args_size, args_size);
     }
     /* Logical grid -> blocks: one block per row (token), and for the lm_head
      * kernels LMHEAD_ROWS overlay rows per block along y. */
@@ -193,7 +189,7 @@ static tovl_status hip_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
         return TOVL_OK; /* an empty grid: nothing to do */
     }
     if (blocks_x > HIP_MAX_GRID_X || blocks_y > HIP_MAX_GRID_YZ || blocks_z > HIP_MAX_GRID_YZ) {
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s: grid %u x %u x %u blocks exceeds HIP's limits (%u x %u x %u)",
+        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s: grid %u x %u x %u blocks exceeds HIP's (%u x %u x %u)",
                           hip_kernels[k].name, blocks_x, blocks_y, blocks_z, HIP_MAX_GRID_X, HIP_MAX_GRID_YZ,
                           HIP_MAX_GRID_YZ);
     }
@@ -202,12 +198,13 @@ static tovl_status hip_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
         return st;
     }
     void *params[] = {(void *)(uintptr_t)args}; /* the one by-value struct; copied at launch */
-    hipError_t e = c->api->hipModuleLaunchKernel(c->functions[k], blocks_x, blocks_y, blocks_z, TOVL_HIP_BLOCK_THREADS, 1,
-                                                 1, 0, (hipStream_t)stream, params, NULL);
+    hipError_t e = c->api->hipModuleLaunchKernel(c->functions[k], blocks_x, blocks_y, blocks_z, TOVL_HIP_BLOCK_THREADS,
+                                                 1, 1, 0, (hipStream_t)stream, params, NULL);
     if (e != TOVL_HIP_SUCCESS) {
         char t[96];
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: hipModuleLaunchKernel(%s, %u x %u x %u blocks): %s", hip_kernels[k].name,
-                          blocks_x, blocks_y, blocks_z, error_text(c, e, t, sizeof t));
+        return tovl_error(TOVL_ERR_LAUNCH, "hip: hipModuleLaunchKernel(%s, %u x %u x %u blocks): %s",
+                          hip_kernels[k].name, blocks_x, blocks_y, blocks_z,
+                          tovl_hip_error_text(c->api, e, t, sizeof t));
     }
     return TOVL_OK;
 }
@@ -295,7 +292,7 @@ tovl_status tovl_hip_backend_open_device(int device, tovl_backend **out) {
     if (e != TOVL_HIP_SUCCESS) {
         st = tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE,
                         "%s: no usable code object for it in the bundle (built for %s): hipModuleLoadData: %s",
-                        c->description, tovl_hip_bundle_targets, error_text(c, e, t, sizeof t));
+                        c->description, tovl_hip_bundle_targets, tovl_hip_error_text(c->api, e, t, sizeof t));
         c->module = NULL;
         free(c);
         return st;
