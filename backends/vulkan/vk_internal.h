@@ -115,6 +115,11 @@ tovl_status tovl_vk_fill_u32(void *ctx, tovl_devptr dst, uint32_t pattern, size_
 /* A raw device buffer with an address (not tracked; for timing scratch). */
 tovl_status tovl_vk_create_buffer(vk_ctx *ctx, VkDeviceSize bytes, VkBufferUsageFlags usage, bool host_visible,
                              VkBuffer *buffer, VkDeviceMemory *memory);
+/* Record one global memory barrier into `cmd`. */
+void tovl_vk_barrier(const vk_ctx *ctx, VkCommandBuffer cmd, VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+                     VkPipelineStageFlags dst_stage, VkAccessFlags dst_access);
+/* A primary command buffer from the backend's pool. */
+tovl_status tovl_vk_new_command_buffer(vk_ctx *ctx, VkCommandBuffer *out);
 /* Begin / submit-and-wait on the backend's own command buffer. */
 tovl_status tovl_vk_begin_own(vk_ctx *ctx);
 tovl_status tovl_vk_submit_own(vk_ctx *ctx, const char *what);

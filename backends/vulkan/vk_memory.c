@@ -92,6 +92,31 @@ tovl_status tovl_vk_create_buffer(vk_ctx *ctx, VkDeviceSize bytes, VkBufferUsage
     return TOVL_OK;
 }
 
+void tovl_vk_barrier(const vk_ctx *ctx, VkCommandBuffer cmd, VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+                     VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
+    VkMemoryBarrier barrier = {
+        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+        .srcAccessMask = src_access,
+        .dstAccessMask = dst_access,
+    };
+    ctx->vk.vkCmdPipelineBarrier(cmd, src_stage, dst_stage, 0, 1, &barrier, 0, NULL, 0, NULL);
+}
+
+tovl_status tovl_vk_new_command_buffer(vk_ctx *ctx, VkCommandBuffer *out) {
+    VkCommandBufferAllocateInfo info = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+        .commandPool = ctx->pool,
+        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        .commandBufferCount = 1,
+    };
+    VkResult r = ctx->vk.vkAllocateCommandBuffers(ctx->device, &info, out);
+    if (r != VK_SUCCESS) {
+        *out = VK_NULL_HANDLE;
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkAllocateCommandBuffers: %s", tovl_vk_result_str(r));
+    }
+    return TOVL_OK;
+}
+
 tovl_status tovl_vk_memory_init(vk_ctx *ctx) {
     vkGetPhysicalDeviceMemoryProperties(ctx->physical, &ctx->memory_props);
     VkCommandPoolCreateInfo pool = {
@@ -104,16 +129,9 @@ tovl_status tovl_vk_memory_init(vk_ctx *ctx) {
         ctx->pool = VK_NULL_HANDLE;
         return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreateCommandPool: %s", tovl_vk_result_str(r));
     }
-    VkCommandBufferAllocateInfo cb = {
-        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-        .commandPool = ctx->pool,
-        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-        .commandBufferCount = 1,
-    };
-    r = ctx->vk.vkAllocateCommandBuffers(ctx->device, &cb, &ctx->cmd);
-    if (r != VK_SUCCESS) {
-        ctx->cmd = VK_NULL_HANDLE;
-        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkAllocateCommandBuffers: %s", tovl_vk_result_str(r));
+    tovl_status cb = tovl_vk_new_command_buffer(ctx, &ctx->cmd);
+    if (cb != TOVL_OK) {
+        return cb;
     }
     VkFenceCreateInfo fence = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     r = ctx->vk.vkCreateFence(ctx->device, &fence, NULL, &ctx->fence);
@@ -276,24 +294,14 @@ void tovl_vk_free(void *vctx, tovl_devptr ptr) {
 
 /* Transfer writes visible to everything that follows on the device. */
 static void transfer_to_all_barrier(vk_ctx *ctx) {
-    VkMemoryBarrier barrier = {
-        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-        .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
-        .dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT,
-    };
-    ctx->vk.vkCmdPipelineBarrier(ctx->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1,
-                                 &barrier, 0, NULL, 0, NULL);
+    tovl_vk_barrier(ctx, ctx->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
 }
 
 /* Earlier device writes (kernels, copies) visible to a transfer. */
 static void all_to_transfer_barrier(vk_ctx *ctx) {
-    VkMemoryBarrier barrier = {
-        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-        .srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT,
-        .dstAccessMask = VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-    };
-    ctx->vk.vkCmdPipelineBarrier(ctx->cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1,
-                                 &barrier, 0, NULL, 0, NULL);
+    tovl_vk_barrier(ctx, ctx->cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+                    VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
 }
 
 static tovl_status unknown_range(const char *op, tovl_devptr ptr, size_t bytes) {
@@ -345,13 +353,8 @@ tovl_status tovl_vk_download(void *vctx, void *dst, tovl_devptr src, size_t byte
         all_to_transfer_barrier(ctx);
         VkBufferCopy region = {.srcOffset = src - a->address + done, .dstOffset = 0, .size = chunk};
         ctx->vk.vkCmdCopyBuffer(ctx->cmd, a->buffer, ctx->staging, 1, &region);
-        VkMemoryBarrier to_host = {
-            .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-            .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
-            .dstAccessMask = VK_ACCESS_HOST_READ_BIT,
-        };
-        ctx->vk.vkCmdPipelineBarrier(ctx->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1,
-                                     &to_host, 0, NULL, 0, NULL);
+        tovl_vk_barrier(ctx, ctx->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                        VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
         st = tovl_vk_submit_own(ctx, "download");
         if (st != TOVL_OK) {
             return st;

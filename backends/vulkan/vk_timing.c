@@ -41,13 +41,8 @@ static tovl_status record(vk_ctx *ctx, VkCommandBuffer cmd, VkQueryPool pool, co
     }
     ctx->vk.vkCmdResetQueryPool(cmd, pool, 0, 2);
     /* The previous submission of this same buffer wrote what this one touches. */
-    VkMemoryBarrier previous_run = {
-        .sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-        .srcAccessMask = VK_ACCESS_MEMORY_WRITE_BIT,
-        .dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT,
-    };
-    ctx->vk.vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1,
-                                 &previous_run, 0, NULL, 0, NULL);
+    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+                    VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
     ctx->vk.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 0);
     tovl_status st = TOVL_OK;
     if (w->kind == RECORD_KERNEL) {
@@ -82,19 +77,13 @@ static tovl_status run_timed(vk_ctx *ctx, const timed_work *w, uint32_t repeats,
     if (r != VK_SUCCESS) {
         return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreateQueryPool: %s", tovl_vk_result_str(r));
     }
-    VkCommandBufferAllocateInfo cb = {
-        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-        .commandPool = ctx->pool,
-        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-        .commandBufferCount = 1,
-    };
     VkCommandBuffer cmd;
-    r = ctx->vk.vkAllocateCommandBuffers(ctx->device, &cb, &cmd);
-    if (r != VK_SUCCESS) {
+    tovl_status st = tovl_vk_new_command_buffer(ctx, &cmd);
+    if (st != TOVL_OK) {
         ctx->vk.vkDestroyQueryPool(ctx->device, pool, NULL);
-        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkAllocateCommandBuffers: %s", tovl_vk_result_str(r));
+        return st;
     }
-    tovl_status st = record(ctx, cmd, pool, w);
+    st = record(ctx, cmd, pool, w);
     uint64_t mask = ctx->timestamp_valid_bits >= 64 ? UINT64_MAX : ((1ull << ctx->timestamp_valid_bits) - 1);
     for (uint32_t i = 0; st == TOVL_OK && i <= repeats; i++) {
         VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cmd};
