@@ -2,11 +2,15 @@
 # Runs, on a GPU machine, in one call: the whole test suite, the conformance
 # table on every backend present, each backend's own GPU checks
 # (scripts/gpu/*.sh: sanitizers, graphs, benchmarks, the PyTorch peer), and
-# writes logs under $OUT. Prepare with scripts/gpu-prepare.sh first.
+# writes its logs as one archive, $OUT/gpu-logs.tar.gz (the device tool
+# brings back only a few files), plus $OUT/summary.txt. Prepare with
+# scripts/gpu-prepare.sh first.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-export OUT=${OUT:-/tmp/tovl-gpu-out}
-mkdir -p "$OUT"
+final_out=${OUT:-/tmp/tovl-gpu-out}
+export OUT=/tmp/tovl-gpu-logs
+rm -rf "$OUT"
+mkdir -p "$OUT" "$final_out"
 cd "$here"
 
 # The Vulkan loader, unpacked into / (as the device README says), and the
@@ -44,6 +48,8 @@ for part in scripts/gpu/*.sh; do
   step "gpu-$name" env TOVL_ENV_LIBS="$here/.gpulibs" bash "$part"
 done
 
-echo
-echo "=== summary ($(date -u +%FT%TZ), $(head -2 "$OUT/gpu.txt" | tail -1))"
-printf '%s\n' "${summary[@]}"
+{
+  echo "=== summary ($(date -u +%FT%TZ), $(head -2 "$OUT/gpu.txt" | tail -1))"
+  printf '%s\n' "${summary[@]}"
+} | tee "$final_out/summary.txt"
+tar -C "$(dirname "$OUT")" -czf "$final_out/gpu-logs.tar.gz" "$(basename "$OUT")"

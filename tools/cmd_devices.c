@@ -8,7 +8,7 @@
 
 static const char *const kernel_names[] = {TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY,
                                            TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
-static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals"};
+static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals", "float_controls"};
 
 int tovl_cmd_devices(int argc, char **argv) {
     if (argc > 1) {
