@@ -23,11 +23,24 @@
 
 #define TOVL_HIP_ON_CUDA 1
 
-#include <stdint.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "token_overlay_shape.h"
 
 /* HIP's one-argument __launch_bounds__ (max threads per block) means the
  * same on CUDA; the port never passes HIP's second argument (min waves per
  * EU), whose CUDA meaning (min blocks per SM) differs. */
+
+/* How tovl_cuda_backend_open_image launches this port (the convention of
+ * include/tovl/tovl_cuda.h): {block_x, block_y, logical points x, y per
+ * block}. As hip_backend.c does: 256 threads; one row or token per block, and
+ * for the lm_head kernels 8 overlay rows (logical y) per block. */
+extern "C" __device__ const unsigned int rowdiff_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1, 1};
+extern "C" __device__ const unsigned int embed_overlay_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1, 1};
+extern "C" __device__ const unsigned int lmhead_overlay_bf16_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1,
+                                                                          TOVL_HIP_LMHEAD_ROWS_PER_BLOCK};
+extern "C" __device__ const unsigned int lmhead_overlay_f32_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1,
+                                                                         TOVL_HIP_LMHEAD_ROWS_PER_BLOCK};
 
 #endif
