@@ -54,14 +54,16 @@ endif()
 # backends/hip/hip_on_cuda.h into an sm_90 cubin (the H200); the CUDA backend's
 # host code loads it and the conformance suite runs it against the CPU. The
 # cubin is built wherever nvcc is, as a compile check of the port's source.
-find_program(TOVL_HIP_ON_CUDA_NVCC NAMES nvcc HINTS ENV CUDA_PATH /usr/local/cuda PATH_SUFFIXES bin
-  DOC "nvcc that compiles the HIP port for test_hip_on_cuda")
+# The CUDA backend's nvcc (the same cache variable), or found here when that
+# backend is off.
+find_program(TOVL_NVCC nvcc HINTS ENV CUDA_PATH ENV CUDA_HOME /usr/local/cuda PATH_SUFFIXES bin
+  DOC "The CUDA compiler that builds the kernels' fatbin")
 set(TOVL_HIP_ON_CUDA_ARCH sm_90 CACHE STRING "NVIDIA architecture test_hip_on_cuda compiles the HIP port for")
-if(TOVL_HIP_ON_CUDA_NVCC)
+if(TOVL_NVCC)
   set(hip_on_cuda_cubin ${CMAKE_CURRENT_BINARY_DIR}/token_overlay_hip_on_cuda.cubin)
   add_custom_command(
     OUTPUT ${hip_on_cuda_cubin}
-    COMMAND ${TOVL_HIP_ON_CUDA_NVCC} -x cu -include ${PROJECT_SOURCE_DIR}/backends/hip/hip_on_cuda.h
+    COMMAND ${TOVL_NVCC} -x cu -include ${PROJECT_SOURCE_DIR}/backends/hip/hip_on_cuda.h
             -cubin -arch=${TOVL_HIP_ON_CUDA_ARCH} -O3 -std=c++17 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true
             --Werror all-warnings -I${PROJECT_SOURCE_DIR}/include
             ${PROJECT_SOURCE_DIR}/backends/hip/token_overlay.hip -o ${hip_on_cuda_cubin}
