@@ -273,7 +273,11 @@ tovl_status imp_adapter_from_parts(const char *dir, const char *config_path, con
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "%s: out of memory", dir);
     }
     tovl_status st = TOVL_OK;
-    if (config_text) {
+    if (!config_text && !vllm) {
+        st = tovl_error(TOVL_ERR_IO, "%s: no adapter_config.json and no new_embeddings.safetensors: not an adapter "
+                        "folder", dir);
+    }
+    if (st == TOVL_OK && config_text) {
         st = imp_adapter_config_parse(config_text, config_len, a->config_path, &a->config);
     }
     if (st == TOVL_OK && !peft && (a->config.tt_count || a->config.mts_embed || a->config.mts_lmhead)) {

@@ -182,7 +182,12 @@ tovl_status imp_model_from_parts(const char *dir, const char *config_path, const
     }
     m->files[0] = weights;
     model_config c;
-    st = parse_config(config_path, config_text, config_len, &c);
+    if (!weights) {
+        st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "%s: no weights file", dir);
+    }
+    if (st == TOVL_OK) {
+        st = parse_config(config_path, config_text, config_len, &c);
+    }
     if (st == TOVL_OK) {
         st = finish_model(m, config_path, &c, padded_vocab, weights, tovl_safetensors_find(weights, EMBED_TENSOR),
                           weights, tovl_safetensors_find(weights, LMHEAD_TENSOR));

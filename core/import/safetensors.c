@@ -523,7 +523,7 @@ tovl_status tovl_safetensors_write(const char *path, const tovl_tensor *tensors,
     snprintf(tmp, strlen(path) + 32, "%s.tmp.%ld", path, (long)getpid());
     FILE *fp = fopen(tmp, "wb");
     if (!fp) {
-        st = tovl_error(TOVL_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        st = tovl_error(TOVL_ERR_IO, "%s: cannot create (as %s): %s", path, tmp, strerror(errno));
         free(tmp);
         free(header);
         return st;
