@@ -89,7 +89,7 @@ typedef struct vk_ctx {
     size_t alloc_count, alloc_capacity;
 
     /* Text answers of property() and device(). */
-    char device_text[256];
+    char device_text[384]; /* name (96) + type + api (24) + driver (100) + fixed text: fits without truncation */
     char driver_text[192];
     char subgroup_text[16];
     char denormals_text[96];
