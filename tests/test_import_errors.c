@@ -1,0 +1,741 @@
+/* Every class of bad input to the import code and to `tovl run` / `tovl
+ * inspect`: a clear error naming the file and the tensor or config field, a
+ * non-zero exit, and nothing leaked on the device (a counting backend) or
+ * crashed. Host leaks are checked by the sanitizer build. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "tovl/tovl.h"
+
+#define V 97
+#define H 20
+
+/* ---- a scratch folder per test -------------------------------------------- */
+
+static char root[64];
+
+static void rm_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        return;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        char sub[1024];
+        while (d && (e = readdir(d))) {
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+                rm_tree(sub);
+            }
+        }
+        if (d) {
+            closedir(d);
+        }
+        rmdir(path);
+    } else {
+        remove(path);
+    }
+}
+
+static void setup(void) {
+    snprintf(root, sizeof root, "/tmp/tovl-import-err-XXXXXX");
+    cr_assert(mkdtemp(root), "mkdtemp: %s", strerror(errno));
+}
+
+static void teardown(void) {
+    rm_tree(root);
+}
+
+TestSuite(safetensors_bad, .init = setup, .fini = teardown);
+TestSuite(model_bad, .init = setup, .fini = teardown);
+TestSuite(adapter_bad, .init = setup, .fini = teardown);
+TestSuite(resolve_bad, .init = setup, .fini = teardown);
+TestSuite(cli_bad, .init = setup, .fini = teardown);
+
+static char path_buf[8][1024];
+static int path_next;
+/* root/rel (a few rotating buffers so calls can nest). */
+static const char *P(const char *rel) {
+    char *p = path_buf[path_next++ % 8];
+    snprintf(p, 1024, "%s/%s", root, rel);
+    return p;
+}
+
+static void mkdir_p(const char *rel) {
+    cr_assert(mkdir(P(rel), 0755) == 0 || errno == EEXIST, "mkdir %s", rel);
+}
+
+static void write_bytes(const char *rel, const void *data, size_t n) {
+    FILE *f = fopen(P(rel), "wb");
+    cr_assert(f, "cannot write %s", rel);
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static void write_text(const char *rel, const char *text) {
+    write_bytes(rel, text, strlen(text));
+}
+
+/* A raw safetensors file: `len` as the header length (UINT64_MAX: the real
+ * one), the header text, then `data_len` bytes of data. */
+static void write_raw_st(const char *rel, const char *header, uint64_t len, size_t data_len) {
+    size_t hl = strlen(header);
+    uint64_t n = len == UINT64_MAX ? hl : len;
+    unsigned char *buf = calloc(1, 8 + hl + data_len + 1);
+    cr_assert(buf);
+    for (int i = 0; i < 8; i++) {
+        buf[i] = (unsigned char)(n >> (8 * i));
+    }
+    memcpy(buf + 8, header, hl);
+    for (size_t i = 0; i < data_len; i++) {
+        buf[8 + hl + i] = (unsigned char)(i * 7u + 1u);
+    }
+    write_bytes(rel, buf, 8 + hl + data_len);
+    free(buf);
+}
+
+/* Expect `st` to be `want` with a detail that names every string in `names`. */
+static void expect_error(tovl_status st, tovl_status want, const char *const *names, const char *what) {
+    cr_expect_eq(st, want, "%s: status %s, wanted %s (detail: %s)", what, tovl_status_str(st), tovl_status_str(want),
+                 tovl_last_error());
+    const char *detail = tovl_last_error();
+    cr_expect(strchr(detail, '\n') == NULL, "%s: the detail is more than one line: %s", what, detail);
+    for (const char *const *n = names; *n; n++) {
+        cr_expect(strstr(detail, *n) != NULL, "%s: the detail does not name '%s': %s", what, *n, detail);
+    }
+}
+#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- safetensors ------------------------------------------------------------ */
+
+static void st_case(const char *header, uint64_t len, size_t data_len, tovl_status want, const char *const *names,
+                    const char *what) {
+    write_raw_st("x.safetensors", header, len, data_len);
+    tovl_safetensors *f = (tovl_safetensors *)(uintptr_t)1;
+    tovl_status st = tovl_safetensors_open(P("x.safetensors"), &f);
+    expect_error(st, want, names, what);
+    cr_expect_null(f, "%s: out not reset to NULL", what);
+    if (st == TOVL_OK) {
+        tovl_safetensors_close(f);
+    }
+}
+
+static const char *OK_HDR = "{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}}";
+
+Test(safetensors_bad, valid_control) {
+    /* The control: the same writer makes a file that opens. */
+    write_raw_st("x.safetensors", OK_HDR, UINT64_MAX, 12);
+    tovl_safetensors *f;
+    cr_assert_eq(tovl_safetensors_open(P("x.safetensors"), &f), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_eq(tovl_safetensors_count(f), 1);
+    tovl_safetensors_close(f);
+}
+
+Test(safetensors_bad, truncated) {
+    write_bytes("x.safetensors", "\x10\x00\x00", 3);
+    tovl_safetensors *f;
+    expect_error(tovl_safetensors_open(P("x.safetensors"), &f), TOVL_ERR_FORMAT, NAMES("x.safetensors", "truncated"),
+                 "3-byte file");
+    write_bytes("x.safetensors", "", 0);
+    expect_error(tovl_safetensors_open(P("x.safetensors"), &f), TOVL_ERR_FORMAT, NAMES("x.safetensors", "truncated"),
+                 "empty file");
+    /* Data cut short: the range runs past the end. */
+    st_case(OK_HDR, UINT64_MAX, 7, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'a'", "outside the data area"),
+            "data cut short");
+}
+
+Test(safetensors_bad, header_length_past_end) {
+    st_case(OK_HDR, 1u << 20, 12, TOVL_ERR_FORMAT, NAMES("x.safetensors", "header length", "past the end"),
+            "header length 1 MiB in a small file");
+    st_case(OK_HDR, UINT64_MAX - 1, 12, TOVL_ERR_FORMAT, NAMES("x.safetensors", "past the end"),
+            "header length 2^64-2");
+}
+
+Test(safetensors_bad, invalid_json) {
+    st_case("{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}", UINT64_MAX, 12, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "not valid JSON"), "unterminated object");
+    st_case("{\"a\": nul}", UINT64_MAX, 0, TOVL_ERR_FORMAT, NAMES("x.safetensors", "JSON"), "bad literal");
+    st_case("[1, 2]", UINT64_MAX, 0, TOVL_ERR_FORMAT, NAMES("x.safetensors", "JSON object"), "an array");
+    st_case("{\"a\":{\"dtype\":\"BF16\",\"shape\":[2,3],\"data_offsets\":[0,12]}} x", UINT64_MAX, 12, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "after its JSON object"), "trailing garbage");
+    st_case("{\"a\":5}", UINT64_MAX, 0, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'a'", "not a JSON object"),
+            "entry not an object");
+    st_case("{\"__metadata__\":{\"k\":1}}", UINT64_MAX, 0, TOVL_ERR_FORMAT, NAMES("x.safetensors", "__metadata__"),
+            "metadata value not a string");
+}
+
+Test(safetensors_bad, unknown_dtype) {
+    st_case("{\"w\":{\"dtype\":\"F7\",\"shape\":[2],\"data_offsets\":[0,2]}}", UINT64_MAX, 2, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "unknown dtype 'F7'"), "dtype F7");
+    st_case("{\"w\":{\"dtype\":3,\"shape\":[2],\"data_offsets\":[0,2]}}", UINT64_MAX, 2, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "dtype"), "dtype a number");
+}
+
+Test(safetensors_bad, range_outside_file) {
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[100,108]}}", UINT64_MAX, 16, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "outside the data area"), "range past the data");
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[9,8]}}", UINT64_MAX, 16, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "end before"), "begin after end");
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[-1,0]}}", UINT64_MAX, 16, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "data_offsets"), "negative offset");
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0.5,1]}}", UINT64_MAX, 16, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "data_offsets"), "fractional offset");
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0]}}", UINT64_MAX, 16, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "data_offsets"), "one offset");
+}
+
+Test(safetensors_bad, overlapping_ranges) {
+    st_case("{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]},"
+            "\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[6,10]}}",
+            UINT64_MAX, 16, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'a'", "'b'", "overlap"), "overlap");
+    st_case("{\"a\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]},"
+            "\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]},"
+            "\"c\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10]}}",
+            UINT64_MAX, 16, TOVL_ERR_FORMAT, NAMES("x.safetensors", "overlap"), "nested ranges");
+    st_case("{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+            "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[2,4]}}",
+            UINT64_MAX, 16, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'a'", "twice"), "duplicate name");
+}
+
+Test(safetensors_bad, shape_dtype_bytes_mismatch) {
+    st_case("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,12]}}", UINT64_MAX, 24, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "24 bytes", "hold 12"), "F32 [2,3] in 12 bytes");
+    st_case("{\"w\":{\"dtype\":\"F32\",\"shape\":[2,-3],\"data_offsets\":[0,12]}}", UINT64_MAX, 24, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "shape"), "negative dim");
+    st_case("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,12]}}",
+            UINT64_MAX, 24, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'w'", "more than"), "element count overflow");
+    st_case("{\"w\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,12]}}", UINT64_MAX, 24, TOVL_ERR_FORMAT,
+            NAMES("x.safetensors", "'w'", "shape"), "shape not a list");
+    st_case("{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}",
+            UINT64_MAX, 4, TOVL_ERR_FORMAT, NAMES("x.safetensors", "'w'", "rank 17"), "rank 17");
+}
+
+Test(safetensors_bad, missing_file) {
+    tovl_safetensors *f;
+    expect_error(tovl_safetensors_open(P("nope.safetensors"), &f), TOVL_ERR_IO, NAMES("nope.safetensors"),
+                 "missing file");
+}
+
+/* ---- model folders ------------------------------------------------------- */
+
+static uint16_t rows_a[V * H], rows_b[V * H];
+
+/* A valid model folder `dir` (tied or not), matrices of `dtype`. */
+static void make_model(const char *dir, bool tied, const char *config_extra) {
+    tu_rng r = tu_rng_for(dir);
+    tu_fill_bf16(&r, rows_a, V * H);
+    tu_fill_bf16(&r, rows_b, V * H);
+    mkdir_p(dir);
+    char rel[256], text[512];
+    snprintf(rel, sizeof rel, "%s/config.json", dir);
+    snprintf(text, sizeof text, "{\"vocab_size\": %d, \"hidden_size\": %d, \"tie_word_embeddings\": %s%s}", V, H,
+             tied ? "true" : "false", config_extra ? config_extra : "");
+    write_text(rel, text);
+    uint64_t shape[2] = {V, H};
+    tovl_tensor t[2] = {{.name = "model.embed_tokens.weight", .dtype = "BF16", .ndim = 2, .shape = shape, .data = rows_a},
+                        {.name = "lm_head.weight", .dtype = "BF16", .ndim = 2, .shape = shape, .data = rows_b}};
+    snprintf(rel, sizeof rel, "%s/model.safetensors", dir);
+    cr_assert_eq(tovl_safetensors_write(P(rel), t, tied ? 1 : 2, NULL, 0), TOVL_OK, "%s", tovl_last_error());
+}
+
+static tovl_status open_model(const char *dir, tovl_model **m) {
+    *m = (tovl_model *)(uintptr_t)1;
+    tovl_status st = tovl_model_open(P(dir), 0, m);
+    if (st != TOVL_OK) {
+        cr_expect_null(*m, "model out not reset to NULL");
+    }
+    return st;
+}
+
+Test(model_bad, valid_control) {
+    make_model("m", false, NULL);
+    tovl_model *m;
+    cr_assert_eq(open_model("m", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_eq(tovl_model_get_info(m)->vocab, V);
+    cr_expect(!tovl_model_get_info(m)->tied);
+    tovl_model_close(m);
+}
+
+Test(model_bad, missing_config_json) {
+    make_model("m", false, NULL);
+    remove(P("m/config.json"));
+    tovl_model *m;
+    expect_error(open_model("m", &m), TOVL_ERR_IO, NAMES("config.json", "missing"), "no config.json");
+}
+
+Test(model_bad, config_fields) {
+    tovl_model *m;
+    make_model("m", false, NULL);
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "JSON"), "config not JSON");
+    write_text("m/config.json", "{\"hidden_size\": 20}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'vocab_size'", "missing"), "no vocab");
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20.5}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'hidden_size'"), "hidden 20.5");
+    write_text("m/config.json", "{\"vocab_size\": -97, \"hidden_size\": 20}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'vocab_size'"), "vocab negative");
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": \"yes\"}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'tie_word_embeddings'"), "tie a string");
+}
+
+Test(model_bad, shapes_against_config) {
+    tovl_model *m;
+    make_model("m", false, NULL);
+    write_text("m/config.json", "{\"vocab_size\": 98, \"hidden_size\": 20, \"tie_word_embeddings\": false}");
+    expect_error(open_model("m", &m), TOVL_ERR_SHAPE_MISMATCH,
+                 NAMES("model.safetensors", "model.embed_tokens.weight", "config.json", "vocab_size 98"),
+                 "vocab_size disagrees");
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 21, \"tie_word_embeddings\": false}");
+    expect_error(open_model("m", &m), TOVL_ERR_SHAPE_MISMATCH, NAMES("model.embed_tokens.weight", "hidden_size 21"),
+                 "hidden_size disagrees");
+}
+
+Test(model_bad, untied_without_lm_head) {
+    tovl_model *m;
+    make_model("m", true, NULL);
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": false}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("model.safetensors", "lm_head.weight", "missing"),
+                 "untied, no lm_head");
+}
+
+Test(model_bad, weights_missing_or_wrong_dtype) {
+    tovl_model *m;
+    make_model("m", false, NULL);
+    remove(P("m/model.safetensors"));
+    expect_error(open_model("m", &m), TOVL_ERR_IO, NAMES("model.safetensors.index.json"), "no weights");
+    int32_t ints[V * H] = {0};
+    uint64_t shape[2] = {V, H};
+    tovl_tensor t = {.name = "model.embed_tokens.weight", .dtype = "I32", .ndim = 2, .shape = shape, .data = ints};
+    cr_assert_eq(tovl_safetensors_write(P("m/model.safetensors"), &t, 1, NULL, 0), TOVL_OK);
+    write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": true}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("model.embed_tokens.weight", "I32"), "I32 embedding");
+    write_raw_st("m/model.safetensors", "{\"x\":", UINT64_MAX, 0);
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("model.safetensors", "JSON"), "weights not JSON");
+}
+
+Test(model_bad, sharded_index) {
+    tovl_model *m;
+    make_model("m", false, NULL);
+    remove(P("m/model.safetensors"));
+    write_text("m/model.safetensors.index.json", "{\"weight_map\": {\"model.embed_tokens.weight\": \"../evil\"}}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT,
+                 NAMES("model.safetensors.index.json", "model.embed_tokens.weight", "not a file name"), "path escape");
+    write_text("m/model.safetensors.index.json",
+               "{\"weight_map\": {\"model.embed_tokens.weight\": \"shard-1.safetensors\"}}");
+    expect_error(open_model("m", &m), TOVL_ERR_IO, NAMES("shard-1.safetensors"), "missing shard");
+    write_text("m/model.safetensors.index.json", "{\"weight_map\": [1]}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("model.safetensors.index.json", "'weight_map'"),
+                 "weight_map not an object");
+    uint64_t shape[2] = {V, H};
+    tovl_tensor t = {.name = "lm_head.weight", .dtype = "BF16", .ndim = 2, .shape = shape, .data = rows_b};
+    cr_assert_eq(tovl_safetensors_write(P("m/shard-1.safetensors"), &t, 1, NULL, 0), TOVL_OK);
+    write_text("m/model.safetensors.index.json",
+               "{\"weight_map\": {\"model.embed_tokens.weight\": \"shard-1.safetensors\","
+               " \"lm_head.weight\": \"shard-1.safetensors\"}}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT,
+                 NAMES("model.safetensors.index.json", "model.embed_tokens.weight", "shard-1.safetensors"),
+                 "tensor not in its shard");
+}
+
+/* ---- adapter folders -------------------------------------------------------- */
+
+static float delta[64 * H];
+
+/* An adapter with trainable tokens: config text `tti` (JSON) and one delta
+ * tensor of `rows` rows for `module` (embed_tokens or lm_head; NULL: none). */
+static void make_tt_adapter(const char *dir, const char *tti, const char *module, uint32_t rows, uint32_t width,
+                            const char *dtype) {
+    mkdir_p(dir);
+    char rel[256], text[1024], name[256];
+    snprintf(rel, sizeof rel, "%s/adapter_config.json", dir);
+    snprintf(text, sizeof text, "{\"peft_type\": \"LORA\", \"r\": 2, \"trainable_token_indices\": %s, "
+             "\"modules_to_save\": null}", tti);
+    write_text(rel, text);
+    tu_rng r = tu_rng_for(dir);
+    for (size_t i = 0; i < sizeof delta / sizeof delta[0]; i++) {
+        delta[i] = tovl_bf16_to_f32(tu_bf16(&r)) / 64.0f;
+    }
+    uint64_t shape[2] = {rows, width}, lshape[2] = {2, width};
+    snprintf(name, sizeof name, "base_model.model.%s.token_adapter.trainable_tokens_delta",
+             module && strcmp(module, "lm_head") == 0 ? "lm_head" : "model.embed_tokens");
+    tovl_tensor t[2] = {{.name = name, .dtype = dtype, .ndim = 2, .shape = shape, .data = delta},
+                        {.name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = "F32",
+                         .ndim = 2, .shape = lshape, .data = delta}};
+    snprintf(rel, sizeof rel, "%s/adapter_model.safetensors", dir);
+    cr_assert_eq(tovl_safetensors_write(P(rel), module ? t : t + 1, module ? 2 : 1, NULL, 0), TOVL_OK);
+}
+
+static tovl_status open_adapter(const char *dir, tovl_adapter **a) {
+    *a = (tovl_adapter *)(uintptr_t)1;
+    tovl_status st = tovl_adapter_open(P(dir), a);
+    if (st != TOVL_OK) {
+        cr_expect_null(*a, "adapter out not reset to NULL");
+    }
+    return st;
+}
+
+Test(adapter_bad, valid_control) {
+    make_tt_adapter("a", "[1, 5, 96]", "embed_tokens", 3, H, "F32");
+    tovl_adapter *a;
+    cr_assert_eq(open_adapter("a", &a), TOVL_OK, "%s", tovl_last_error());
+    const tovl_adapter_info *i = tovl_adapter_get_info(a);
+    cr_expect_eq(i->source_count, 1);
+    cr_expect_eq(i->other_tensors, 1);
+    cr_expect_str_eq(i->format, "peft trainable_token_indices");
+    tovl_adapter_close(a);
+}
+
+Test(adapter_bad, not_an_adapter_folder) {
+    tovl_adapter *a;
+    mkdir_p("empty");
+    expect_error(open_adapter("empty", &a), TOVL_ERR_IO, NAMES("empty", "adapter_config.json"), "empty folder");
+    expect_error(open_adapter("missing", &a), TOVL_ERR_IO, NAMES("missing"), "missing folder");
+}
+
+Test(adapter_bad, config_json_invalid) {
+    tovl_adapter *a;
+    make_tt_adapter("a", "[1]", "embed_tokens", 1, H, "F32");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": [1,]}");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "JSON"), "trailing comma");
+    write_text("a/adapter_config.json", "[]");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "object"), "an array");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": [1], \"trainable_token_indices\": [2]}");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "trainable_token_indices"),
+                 "duplicated field");
+}
+
+Test(adapter_bad, config_fields) {
+    tovl_adapter *a;
+    make_tt_adapter("a", "\"all\"", "embed_tokens", 1, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'trainable_token_indices'"),
+                 "tti a string");
+    make_tt_adapter("a", "[1, -2]", "embed_tokens", 2, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "trainable_token_indices",
+                 "entry 1"), "negative id");
+    make_tt_adapter("a", "[1, 2.5]", "embed_tokens", 2, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "entry 1"), "fractional id");
+    make_tt_adapter("a", "{\"q_proj\": [1]}", "embed_tokens", 1, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
+                 NAMES("adapter_config.json", "trainable_token_indices.q_proj"), "unknown module");
+    make_tt_adapter("a", "[1]", "embed_tokens", 1, H, "F32");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": [1], \"ensure_weight_tying\": 1}");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'ensure_weight_tying'"),
+                 "ewt a number");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": [1], \"modules_to_save\": \"lm_head\"}");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'modules_to_save'"),
+                 "mts a string");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": [1], \"modules_to_save\": [\"embed_tokens\"]}");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "modules_to_save"),
+                 "module both token-trained and saved");
+}
+
+Test(adapter_bad, duplicated_ids) {
+    tovl_adapter *a;
+    make_tt_adapter("a", "[1, 5, 1]", "embed_tokens", 3, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_DUPLICATE_ID,
+                 NAMES("adapter_config.json", "trainable_token_indices", "id 1", "twice"), "list");
+    make_tt_adapter("a", "{\"embed_tokens\": [7], \"lm_head\": [3, 3]}", "embed_tokens", 1, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_DUPLICATE_ID,
+                 NAMES("adapter_config.json", "trainable_token_indices.lm_head", "id 3"), "dict");
+}
+
+Test(adapter_bad, tensors_against_config) {
+    tovl_adapter *a;
+    make_tt_adapter("a", "[1, 5, 9]", "embed_tokens", 2, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_SHAPE_MISMATCH,
+                 NAMES("adapter_model.safetensors", "trainable_tokens_delta", "2 rows", "3 ids"), "rows != ids");
+    make_tt_adapter("a", "[1, 5]", NULL, 0, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_config.json", "trainable_token_indices", "trainable_tokens_delta", "missing"),
+                 "delta missing");
+    make_tt_adapter("a", "null", "embed_tokens", 2, H, "F32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_model.safetensors", "trainable_tokens_delta", "no trainable_token_indices"),
+                 "delta without ids");
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "I32");
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_model.safetensors", "trainable_tokens_delta", "I32"), "integer delta");
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    remove(P("a/adapter_model.safetensors"));
+    write_text("a/adapter_model.bin", "pickle");
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED, NAMES("adapter_model.bin"), "pickled weights");
+    remove(P("a/adapter_model.bin"));
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "adapter_model.safetensors"),
+                 "weights missing");
+}
+
+Test(adapter_bad, truncated_adapter_file) {
+    tovl_adapter *a;
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    FILE *f = fopen(P("a/adapter_model.safetensors"), "r+b");
+    cr_assert(f);
+    cr_assert_eq(ftruncate(fileno(f), 100), 0);
+    fclose(f);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_model.safetensors"), "truncated");
+}
+
+Test(adapter_bad, vllm_file) {
+    tovl_adapter *a;
+    mkdir_p("v");
+    uint64_t shape[2] = {2, H};
+    tovl_tensor t = {.name = "something_else", .dtype = "F32", .ndim = 2, .shape = shape, .data = delta};
+    cr_assert_eq(tovl_safetensors_write(P("v/new_embeddings.safetensors"), &t, 1, NULL, 0), TOVL_OK);
+    expect_error(open_adapter("v", &a), TOVL_ERR_FORMAT,
+                 NAMES("new_embeddings.safetensors", "input_embeddings", "output_embeddings"), "no known tensor");
+    uint64_t shape3[3] = {2, H, 1};
+    tovl_tensor t3 = {.name = "input_embeddings", .dtype = "F32", .ndim = 3, .shape = shape3, .data = delta};
+    cr_assert_eq(tovl_safetensors_write(P("v/new_embeddings.safetensors"), &t3, 1, NULL, 0), TOVL_OK);
+    expect_error(open_adapter("v", &a), TOVL_ERR_SHAPE_MISMATCH,
+                 NAMES("new_embeddings.safetensors", "input_embeddings", "rank 3"), "rank 3");
+}
+
+/* ---- resolving against a model, on a counting backend --------------------- */
+
+/* Resolve and build; both must fail with `want`, naming `names`, leaking nothing. */
+static void resolve_fails(const char *model_dir, uint32_t padded, const char *adapter_dir, tovl_status want,
+                          const char *const *names, const char *what) {
+    tovl_model *m;
+    tovl_adapter *a;
+    cr_assert_eq(tovl_model_open(P(model_dir), padded, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(P(adapter_dir), &a), TOVL_OK, "%s: %s", what, tovl_last_error());
+    tu_wrap *w;
+    tovl_backend *be = tu_wrap_cpu(&w);
+    cr_assert(be);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_adapter_rows *rows = (tovl_adapter_rows *)(uintptr_t)1;
+    expect_error(tovl_adapter_resolve(be, &k, a, m, &rows), want, names, what);
+    cr_expect_null(rows, "%s: rows not reset", what);
+    tovl_embed_overlay *ov = (tovl_embed_overlay *)(uintptr_t)1;
+    expect_error(tovl_adapter_build_overlay(be, &k, a, m, &ov), want, names, what);
+    cr_expect_null(ov, "%s: overlay not reset", what);
+    cr_expect_eq(tu_live(w), 0, "%s: %ld device allocations leaked", what, tu_live(w));
+    tovl_backend_close(be);
+    tovl_adapter_close(a);
+    tovl_model_close(m);
+}
+
+Test(resolve_bad, ids_out_of_vocab) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 97]", "embed_tokens", 2, H, "F32");
+    resolve_fails("m", 0, "a", TOVL_ERR_ID_OUT_OF_RANGE,
+                  NAMES("adapter_model.safetensors", "trainable_tokens_delta", "id 97", "vocab_size 97"), "id 97");
+    /* A padded vocab does not make room for a trainable id the adapter's model lacked. */
+    resolve_fails("m", 128, "a", TOVL_ERR_ID_OUT_OF_RANGE, NAMES("id 97"), "id 97, padded vocab");
+}
+
+Test(resolve_bad, hidden_size_mismatch) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H + 4, "F32");
+    resolve_fails("m", 0, "a", TOVL_ERR_SHAPE_MISMATCH,
+                  NAMES("adapter_model.safetensors", "trainable_tokens_delta", "width 24", "hidden_size is 20"),
+                  "width 24");
+}
+
+/* A modules_to_save adapter with `rows` rows in each matrix. */
+static void make_mts_adapter(const char *dir, uint32_t rows, const char *extra_config) {
+    mkdir_p(dir);
+    char rel[256], text[512];
+    snprintf(rel, sizeof rel, "%s/adapter_config.json", dir);
+    snprintf(text, sizeof text, "{\"modules_to_save\": [\"embed_tokens\", \"lm_head\"]%s}",
+             extra_config ? extra_config : "");
+    write_text(rel, text);
+    uint16_t *m = calloc((size_t)rows * H, 2);
+    cr_assert(m);
+    memcpy(m, rows_a, (size_t)(rows < V ? rows : V) * H * 2u);
+    uint64_t shape[2] = {rows, H};
+    tovl_tensor t[2] = {{.name = "base_model.model.model.embed_tokens.weight", .dtype = "BF16", .ndim = 2,
+                         .shape = shape, .data = m},
+                        {.name = "base_model.model.lm_head.weight", .dtype = "BF16", .ndim = 2, .shape = shape,
+                         .data = m}};
+    snprintf(rel, sizeof rel, "%s/adapter_model.safetensors", dir);
+    cr_assert_eq(tovl_safetensors_write(P(rel), t, 2, NULL, 0), TOVL_OK);
+    free(m);
+}
+
+Test(resolve_bad, adapter_built_for_another_vocab) {
+    make_model("m", false, NULL);
+    make_mts_adapter("a", V - 8, NULL);
+    resolve_fails("m", 0, "a", TOVL_ERR_VOCAB_MISMATCH,
+                  NAMES("adapter_model.safetensors", "base_model.model.", "89 rows", "vocab_size is 97"), "89 rows");
+}
+
+Test(resolve_bad, full_matrix_needs_rowdiff) {
+    make_model("m", false, NULL);
+    make_mts_adapter("a", V, NULL);
+    tovl_model *m;
+    tovl_adapter *a;
+    cr_assert_eq(tovl_model_open(P("m"), 0, &m), TOVL_OK);
+    cr_assert_eq(tovl_adapter_open(P("a"), &a), TOVL_OK);
+    tu_wrap *w;
+    tovl_backend *be = tu_wrap_cpu(&w);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    k.rowdiff = 0;
+    tovl_embed_overlay *ov;
+    expect_error(tovl_adapter_build_overlay(be, &k, a, m, &ov), TOVL_ERR_KERNEL_MISSING,
+                 NAMES("adapter_model.safetensors", "rowdiff"), "rowdiff missing");
+    cr_expect_eq(tu_live(w), 0);
+    tovl_backend_close(be);
+    tovl_adapter_close(a);
+    tovl_model_close(m);
+}
+
+Test(resolve_bad, tied_rules_peft_refuses) {
+    make_model("t", true, NULL);
+    make_model("u", false, NULL);
+    /* ensure_weight_tying with different ids for the tied embedding and lm_head. */
+    make_tt_adapter("a", "{\"embed_tokens\": [1, 2], \"lm_head\": [3]}", "embed_tokens", 2, H, "F32");
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": {\"embed_tokens\": [1, 2], \"lm_head\": [3]},"
+               " \"ensure_weight_tying\": true}");
+    resolve_fails("t", 0, "a", TOVL_ERR_FORMAT, NAMES("adapter_config.json", "ensure_weight_tying"), "ewt ids");
+    /* lm_head ids listed but their tensor absent (an untied model needs it). */
+    write_text("a/adapter_config.json", "{\"trainable_token_indices\": {\"embed_tokens\": [1, 2], \"lm_head\": [3]}}");
+    resolve_fails("u", 0, "a", TOVL_ERR_FORMAT,
+                  NAMES("trainable_token_indices.lm_head", "lm_head.token_adapter.trainable_tokens_delta", "missing"),
+                  "lm_head delta missing");
+    resolve_fails("t", 0, "a", TOVL_ERR_FORMAT, NAMES("trainable_token_indices.lm_head", "missing"),
+                  "lm_head delta missing, tied, other ids");
+}
+
+Test(resolve_bad, vllm_rows_beyond_vocab) {
+    make_model("m", false, NULL);
+    mkdir_p("v");
+    uint64_t shape[2] = {3, H};
+    tovl_tensor t = {.name = "input_embeddings", .dtype = "F32", .ndim = 2, .shape = shape, .data = delta};
+    cr_assert_eq(tovl_safetensors_write(P("v/new_embeddings.safetensors"), &t, 1, NULL, 0), TOVL_OK);
+    resolve_fails("m", 0, "v", TOVL_ERR_ID_OUT_OF_RANGE,
+                  NAMES("new_embeddings.safetensors", "input_embeddings", "97..99", "at least 100"), "no padding");
+    resolve_fails("m", 99, "v", TOVL_ERR_ID_OUT_OF_RANGE, NAMES("input_embeddings"), "padding too small");
+}
+
+/* ---- the CLI -------------------------------------------------------------- */
+
+/* Run the binary; returns the exit status and the stderr text. */
+static int cli(const char *args, char *err, size_t cap) {
+    if (access(TOVL_CLI, X_OK) != 0) {
+        cr_skip_test("the tovl binary is not built: %s", TOVL_CLI);
+    }
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >stdout.txt 2>stderr.txt", root, TOVL_CLI, args);
+    int rc = system(cmd);
+    err[0] = '\0';
+    FILE *f = fopen(P("stderr.txt"), "r");
+    if (f) {
+        size_t n = fread(err, 1, cap - 1, f);
+        err[n] = '\0';
+        fclose(f);
+    }
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Non-zero exit, exactly one line on stderr, naming each of `names`. */
+static void cli_fails(const char *args, const char *const *names) {
+    char err[4096];
+    int rc = cli(args, err, sizeof err);
+    cr_expect_eq(rc, 2, "tovl %s: exit %d, wanted 2 (stderr: %s)", args, rc, err);
+    size_t lines = 0;
+    for (const char *p = err; *p; p++) {
+        lines += *p == '\n';
+    }
+    cr_expect_eq(lines, 1, "tovl %s: %zu lines on stderr, wanted one: %s", args, lines, err);
+    for (const char *const *n = names; *n; n++) {
+        cr_expect(strstr(err, *n) != NULL, "tovl %s: stderr does not name '%s': %s", args, *n, err);
+    }
+    cr_expect(strstr(err, "Sanitizer") == NULL && strstr(err, "leak") == NULL, "tovl %s: %s", args, err);
+}
+
+/* A batch file with `T` ids (all `id`), optional slots and hidden [T, width]. */
+static void make_batch(const char *rel, uint32_t T, int32_t id, int32_t slot, bool with_slots, uint32_t width,
+                       const char *ids_dtype) {
+    int32_t ids[16], slots[16];
+    uint16_t hidden[16 * 32];
+    cr_assert(T <= 16 && width <= 32);
+    for (uint32_t t = 0; t < T; t++) {
+        ids[t] = t == T - 1 ? id : (int32_t)t;
+        slots[t] = t == T - 1 ? slot : 0;
+    }
+    tu_rng r = tu_rng_for(rel);
+    tu_fill_bf16(&r, hidden, (size_t)T * width);
+    uint64_t s1[1] = {T}, s2[2] = {T, width};
+    tovl_tensor t[3] = {{.name = "ids", .dtype = ids_dtype, .ndim = 1, .shape = s1, .data = ids},
+                        {.name = "hidden", .dtype = "BF16", .ndim = 2, .shape = s2, .data = hidden},
+                        {.name = "slots", .dtype = "I32", .ndim = 1, .shape = s1, .data = slots}};
+    cr_assert_eq(tovl_safetensors_write(P(rel), t, with_slots ? 3 : 2, NULL, 0), TOVL_OK);
+}
+
+Test(cli_bad, run_valid_control) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    make_batch("b.safetensors", 8, 5, 0, true, H, "I32");
+    char err[4096];
+    cr_assert_eq(cli("run --base m --adapter a --batch b.safetensors --out o.safetensors", err, sizeof err), 0,
+                 "%s", err);
+    tovl_safetensors *o;
+    cr_assert_eq(tovl_safetensors_open(P("o.safetensors"), &o), TOVL_OK);
+    cr_expect(tovl_safetensors_find(o, "embed") && tovl_safetensors_find(o, "logits"));
+    tovl_safetensors_close(o);
+}
+
+Test(cli_bad, run_bad_batch) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    const char *run = "run --base m --adapter a --batch b.safetensors --out o.safetensors";
+    make_batch("b.safetensors", 8, V, 0, true, H, "I32");
+    cli_fails(run, NAMES("b.safetensors", "'ids'", "ids[7] = 97"));
+    make_batch("b.safetensors", 8, -3, 0, true, H, "I32");
+    cli_fails(run, NAMES("b.safetensors", "'ids'", "-3"));
+    make_batch("b.safetensors", 8, 5, 0, true, H + 1, "I32");
+    cli_fails(run, NAMES("b.safetensors", "'hidden'", "width 21", "hidden_size is 20"));
+    make_batch("b.safetensors", 8, 5, 1, true, H, "I32");
+    cli_fails(run, NAMES("b.safetensors", "'slots'", "slots[7] = 1", "1 adapter"));
+    make_batch("b.safetensors", 8, 5, 0, true, H, "U32");
+    cli_fails(run, NAMES("b.safetensors", "'ids'", "U32"));
+    write_raw_st("b.safetensors", "{\"ids\":{\"dtype\":\"I32\",\"shape\":[8],\"data_offsets\":[0,32]}}", 900, 32);
+    cli_fails(run, NAMES("b.safetensors", "header length"));
+    uint16_t one = 0;
+    uint64_t s1[1] = {1};
+    tovl_tensor t = {.name = "hidden", .dtype = "BF16", .ndim = 1, .shape = s1, .data = &one};
+    cr_assert_eq(tovl_safetensors_write(P("b.safetensors"), &t, 1, NULL, 0), TOVL_OK);
+    cli_fails(run, NAMES("b.safetensors", "'ids'", "missing"));
+    cli_fails("run --base m --adapter a --batch nope.safetensors --out o.safetensors", NAMES("nope.safetensors"));
+    cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
+}
+
+Test(cli_bad, run_bad_model_or_adapter) {
+    make_model("m", false, NULL);
+    make_model("t", true, NULL);
+    make_tt_adapter("a", "[1, 5, 1]", "embed_tokens", 3, H, "F32");
+    make_batch("b.safetensors", 8, 5, 0, true, H, "I32");
+    cli_fails("run --base m --adapter a --batch b.safetensors --out o.safetensors",
+              NAMES("adapter_config.json", "trainable_token_indices", "id 1"));
+    make_tt_adapter("a2", "[1, 5]", "embed_tokens", 2, H + 2, "F32");
+    cli_fails("run --base m --adapter a2 --batch b.safetensors --out o.safetensors",
+              NAMES("adapter_model.safetensors", "trainable_tokens_delta", "hidden_size"));
+    remove(P("t/config.json"));
+    cli_fails("run --base t --batch b.safetensors --out o.safetensors", NAMES("config.json", "missing"));
+    make_mts_adapter("small", V - 1, NULL);
+    cli_fails("run --base m --adapter small --batch b.safetensors --out o.safetensors",
+              NAMES("adapter_model.safetensors", "96 rows", "vocab_size is 97"));
+    cli_fails("run --base m --adapter a --batch b.safetensors --out o.safetensors --logits f16", NAMES("--logits"));
+    cli_fails("run --base m --batch b.safetensors --out o.safetensors --backend nosuch", NAMES("nosuch"));
+    cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
+}
+
+Test(cli_bad, inspect) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 97]", "embed_tokens", 2, H, "F32");
+    char err[4096];
+    cr_expect_eq(cli("inspect a", err, sizeof err), 0, "without --base the ids are not checked: %s", err);
+    cli_fails("inspect a --base m", NAMES("trainable_tokens_delta", "id 97"));
+    cli_fails("inspect nowhere", NAMES("nowhere"));
+    write_text("a/adapter_config.json", "{");
+    cli_fails("inspect a --json", NAMES("adapter_config.json", "JSON"));
+}
