@@ -1,0 +1,727 @@
+/*
+ * The CUDA backend: the driver loaded at run time (cuda_driver.c), one device
+ * with its primary context (or the caller's context), the kernels from the
+ * embedded fatbin (or a caller's image), launched with cuLaunchKernel on the
+ * caller's CUstream with the argument struct by value. Launches never
+ * allocate or synchronize, so the hooks can be captured in a CUDA graph.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+#include "cuda_driver.h"
+#include "cuda_geometry.h"
+#include "launch_shape.h"
+#include "tovl/backend.h"
+#include "tovl/tovl_cuda.h"
+
+#if TOVL_CUDA_HAVE_FATBIN
+extern const unsigned char tovl_cuda_fatbin[];
+extern const size_t tovl_cuda_fatbin_size;
+#endif
+
+typedef struct cuda_kernel {
+    CUfunction fn;                 /* NULL: the module lacks this kernel */
+    CUfunction small_fn;           /* lm_head of this port: the small-tile variant */
+    tovl_cuda_foreign_shape shape; /* another port's module: its launch convention */
+} cuda_kernel;
+
+typedef struct cuda_ctx {
+    tovl_cuda_driver drv;
+    CUdevice device;
+    CUcontext context;
+    bool owns_primary; /* retained the device's primary context */
+    CUstream stream;   /* the backend's own stream: what NULL means */
+    CUmodule module;
+    bool native; /* the module is this port's: launch_shape.h applies */
+    cuda_kernel kernels[TOVL_CUDA_KERNEL_COUNT];
+    tovl_cuda_device_shape shape;
+    char device_text[256];
+    char driver_text[16];
+    char cc_text[16];
+    char sm_text[16];
+    char module_text[128];
+} cuda_ctx;
+
+static const tovl_backend_iface cuda_iface;
+
+/* ------------------------------------------------------------------------ */
+/* Context handling: each entry makes the backend's context current when it  */
+/* is not, and restores the caller's afterwards.                             */
+/* ------------------------------------------------------------------------ */
+static tovl_status ctx_enter(cuda_ctx *c, bool *pushed) {
+    CUcontext current = NULL;
+    *pushed = false;
+    if (c->drv.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == c->context) {
+        return TOVL_OK;
+    }
+    CUresult r = c->drv.cuCtxPushCurrent(c->context);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuCtxPushCurrent");
+    }
+    *pushed = true;
+    return TOVL_OK;
+}
+
+static void ctx_leave(cuda_ctx *c, bool pushed) {
+    if (pushed) {
+        CUcontext popped;
+        c->drv.cuCtxPopCurrent(&popped);
+    }
+}
+
+static CUstream stream_or_own(const cuda_ctx *c, void *stream) {
+    return stream ? (CUstream)stream : c->stream;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                    */
+/* ------------------------------------------------------------------------ */
+static tovl_status cuda_alloc(void *ctx, size_t bytes, tovl_devptr *out) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    CUdeviceptr p = 0;
+    CUresult r = c->drv.cuMemAlloc(&p, bytes);
+    ctx_leave(c, pushed);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, r == CUDA_ERROR_OUT_OF_MEMORY ? TOVL_ERR_OUT_OF_MEMORY : TOVL_ERR_DEVICE,
+                              r, "cuda: cuMemAlloc of %zu bytes", bytes);
+    }
+    *out = (tovl_devptr)p;
+    return TOVL_OK;
+}
+
+static void cuda_free(void *ctx, tovl_devptr ptr) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    if (ctx_enter(c, &pushed) == TOVL_OK) {
+        c->drv.cuMemFree((CUdeviceptr)ptr);
+        ctx_leave(c, pushed);
+    }
+}
+
+/* Finish a copy or fill enqueued on the own stream: wait for it. */
+static tovl_status own_stream_done(cuda_ctx *c, CUresult r, bool pushed, const char *what, size_t bytes) {
+    if (r == CUDA_SUCCESS) {
+        r = c->drv.cuStreamSynchronize(c->stream);
+    }
+    ctx_leave(c, pushed);
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: %s of %zu bytes", what, bytes);
+}
+
+static tovl_status cuda_upload(void *ctx, tovl_devptr dst, const void *src, size_t bytes) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    return st != TOVL_OK ? st
+                         : own_stream_done(c, c->drv.cuMemcpyHtoDAsync((CUdeviceptr)dst, src, bytes, c->stream),
+                                           pushed, "upload", bytes);
+}
+
+static tovl_status cuda_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    return st != TOVL_OK ? st
+                         : own_stream_done(c, c->drv.cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, bytes, c->stream),
+                                           pushed, "download", bytes);
+}
+
+static tovl_status cuda_fill_u32(void *ctx, tovl_devptr dst, uint32_t pattern, size_t bytes) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    return st != TOVL_OK ? st
+                         : own_stream_done(c, c->drv.cuMemsetD32Async((CUdeviceptr)dst, pattern, bytes / 4, c->stream),
+                                           pushed, "fill", bytes);
+}
+
+static tovl_status cuda_synchronize(void *ctx, void *stream) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    CUresult r = c->drv.cuStreamSynchronize(stream_or_own(c, stream));
+    ctx_leave(c, pushed);
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuStreamSynchronize");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Kernels                                                                   */
+/* ------------------------------------------------------------------------ */
+static tovl_kernel cuda_try_kernel(void *ctx, const char *name) {
+    cuda_ctx *c = ctx;
+    int k = tovl_cuda_kernel_by_name(name);
+    return k >= 0 && c->kernels[k].fn ? (tovl_kernel)k + 1 : 0;
+}
+
+static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                               size_t args_size, void *stream) {
+    cuda_ctx *c = ctx;
+    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT || !c->kernels[kernel - 1].fn) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+    }
+    const tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
+    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda: %s expects %zu bytes of arguments, got %zu",
+                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    }
+    tovl_cuda_launch dims;
+    tovl_status st = c->native ? tovl_cuda_native_launch(k, grid, args, &c->shape, &dims)
+                               : tovl_cuda_foreign_launch(&c->kernels[k].shape, grid, &dims);
+    if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
+        return st;
+    }
+    bool pushed;
+    st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    void *params[] = {(void *)args};
+    CUfunction fn = dims.small_variant ? c->kernels[k].small_fn : c->kernels[k].fn;
+    CUresult r = c->drv.cuLaunchKernel(fn, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
+                                       dims.block[2], 0, stream_or_own(c, stream), params, NULL);
+    ctx_leave(c, pushed);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: cuLaunchKernel(%s%s, grid %u x %u, block %u)",
+                              tovl_cuda_kernel_names[k], dims.small_variant ? "_small" : "", dims.grid[0],
+                              dims.grid[1], dims.block[0] * dims.block[1]);
+    }
+    return TOVL_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timing (for tovl bench): device events on the own stream, medians.        */
+/* ------------------------------------------------------------------------ */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, uint32_t n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Record `start`, run `work` (a launch, a graph replay, a copy), record `stop`
+ * and return the elapsed milliseconds. */
+typedef CUresult (*timed_work)(cuda_ctx *c, void *arg);
+
+static tovl_status time_once(cuda_ctx *c, CUevent start, CUevent stop, timed_work work, void *arg, double *ms) {
+    CUresult r = c->drv.cuEventRecord(start, c->stream);
+    if (r == CUDA_SUCCESS) r = work(c, arg);
+    if (r == CUDA_SUCCESS) r = c->drv.cuEventRecord(stop, c->stream);
+    if (r == CUDA_SUCCESS) r = c->drv.cuEventSynchronize(stop);
+    float elapsed = 0.0f;
+    if (r == CUDA_SUCCESS) r = c->drv.cuEventElapsedTime(&elapsed, start, stop);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: timing with events");
+    }
+    *ms = elapsed;
+    return TOVL_OK;
+}
+
+typedef struct launch_work {
+    tovl_kernel kernel;
+    const uint32_t *grid;
+    const void *args;
+    size_t args_size;
+    tovl_status status;
+} launch_work;
+
+static CUresult run_launch(cuda_ctx *c, void *arg) {
+    launch_work *w = arg;
+    w->status = cuda_launch(c, w->kernel, w->grid, w->args, w->args_size, NULL);
+    return w->status == TOVL_OK ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult run_graph(cuda_ctx *c, void *arg) {
+    return c->drv.cuGraphLaunch((CUgraphExec)arg, c->stream);
+}
+
+/* `batch` launches captured on the own stream into one instantiated graph. */
+static tovl_status capture_batch(cuda_ctx *c, launch_work *w, uint32_t batch, CUgraph *graph, CUgraphExec *exec) {
+    CUresult r = c->drv.cuStreamBeginCapture(c->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuStreamBeginCapture");
+    }
+    tovl_status st = TOVL_OK;
+    for (uint32_t i = 0; i < batch && st == TOVL_OK; i++) {
+        st = cuda_launch(c, w->kernel, w->grid, w->args, w->args_size, NULL);
+    }
+    r = c->drv.cuStreamEndCapture(c->stream, graph); /* always ends the capture */
+    if (st != TOVL_OK) {
+        return st;
+    }
+    if (r == CUDA_SUCCESS) {
+        r = c->drv.cuGraphInstantiateWithFlags(exec, *graph, 0);
+    }
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: capturing %u launches", batch);
+}
+
+static tovl_status cuda_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                                    size_t args_size, uint32_t batch, uint32_t repeats, tovl_kernel_timing *out) {
+    cuda_ctx *c = ctx;
+    if (!out || batch == 0 || repeats == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: time_kernel needs batch >= 1, repeats >= 1 and out");
+    }
+    memset(out, 0, sizeof *out);
+    double *single = malloc(2 * (size_t)repeats * sizeof *single);
+    if (!single) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    }
+    double *batched = single + repeats;
+    CUevent start = NULL, stop = NULL;
+    CUgraph graph = NULL;
+    CUgraphExec exec = NULL;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        free(single);
+        return st;
+    }
+    CUresult r = c->drv.cuEventCreate(&start, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = c->drv.cuEventCreate(&stop, CU_EVENT_DEFAULT);
+    if (r != CUDA_SUCCESS) {
+        st = tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuEventCreate");
+    }
+    launch_work w = {kernel, grid, args, args_size, TOVL_OK};
+    for (int i = 0; i < 3 && st == TOVL_OK; i++) { /* warm-up: caches, clocks, lazy loading */
+        st = cuda_launch(c, kernel, grid, args, args_size, NULL);
+    }
+    if (st == TOVL_OK) st = cuda_synchronize(c, NULL);
+    for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+        st = time_once(c, start, stop, run_launch, &w, &single[i]);
+        if (w.status != TOVL_OK) st = w.status;
+    }
+    if (st == TOVL_OK) st = capture_batch(c, &w, batch, &graph, &exec);
+    if (st == TOVL_OK) { /* one replay to warm up */
+        r = c->drv.cuGraphLaunch(exec, c->stream);
+        if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
+        if (r != CUDA_SUCCESS) st = tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuGraphLaunch");
+    }
+    for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+        st = time_once(c, start, stop, run_graph, exec, &batched[i]);
+        batched[i] /= batch;
+    }
+    if (st == TOVL_OK) {
+        out->single_us = 1000.0 * median(single, repeats);
+        out->batched_us = 1000.0 * median(batched, repeats);
+        out->repeats = repeats;
+    }
+    if (exec) c->drv.cuGraphExecDestroy(exec);
+    if (graph) c->drv.cuGraphDestroy(graph);
+    if (start) c->drv.cuEventDestroy(start);
+    if (stop) c->drv.cuEventDestroy(stop);
+    ctx_leave(c, pushed);
+    free(single);
+    return st;
+}
+
+typedef struct copy_work {
+    CUdeviceptr dst, src;
+    size_t bytes;
+} copy_work;
+
+static CUresult run_copy(cuda_ctx *c, void *arg) {
+    copy_work *w = arg;
+    return c->drv.cuMemcpyDtoDAsync(w->dst, w->src, w->bytes, c->stream);
+}
+
+static tovl_status cuda_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats, double *gbps) {
+    cuda_ctx *c = ctx;
+    if (!gbps || bytes < 4 || repeats == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: copy_bandwidth needs >= 4 bytes, repeats >= 1 and gbps");
+    }
+    double *ms = malloc(repeats * sizeof *ms);
+    if (!ms) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    }
+    copy_work w = {0, 0, bytes & ~(size_t)3};
+    tovl_devptr src = 0, dst = 0;
+    CUevent start = NULL, stop = NULL;
+    tovl_status st = cuda_alloc(c, w.bytes, &src);
+    if (st == TOVL_OK) st = cuda_alloc(c, w.bytes, &dst);
+    if (st == TOVL_OK) st = cuda_fill_u32(c, src, 0x3F80BF80u, w.bytes); /* not zeros */
+    bool pushed = false;
+    if (st == TOVL_OK) st = ctx_enter(c, &pushed);
+    if (st == TOVL_OK) {
+        w.src = (CUdeviceptr)src;
+        w.dst = (CUdeviceptr)dst;
+        CUresult r = c->drv.cuEventCreate(&start, CU_EVENT_DEFAULT);
+        if (r == CUDA_SUCCESS) r = c->drv.cuEventCreate(&stop, CU_EVENT_DEFAULT);
+        for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++) { /* warm-up */
+            r = run_copy(c, &w);
+        }
+        if (r != CUDA_SUCCESS) st = tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: device copy");
+        for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+            st = time_once(c, start, stop, run_copy, &w, &ms[i]);
+        }
+        if (st == TOVL_OK) {
+            *gbps = 2.0 * (double)w.bytes / (median(ms, repeats) * 1e-3) / 1e9; /* read + written */
+        }
+        if (start) c->drv.cuEventDestroy(start);
+        if (stop) c->drv.cuEventDestroy(stop);
+        ctx_leave(c, pushed);
+    }
+    if (src) cuda_free(c, src);
+    if (dst) cuda_free(c, dst);
+    free(ms);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Description                                                               */
+/* ------------------------------------------------------------------------ */
+static const char *cuda_device(void *ctx) {
+    return ((cuda_ctx *)ctx)->device_text;
+}
+
+static const char *cuda_property(void *ctx, const char *key) {
+    cuda_ctx *c = ctx;
+    if (strcmp(key, "subgroup_size") == 0) {
+        return "32";
+    }
+    if (strcmp(key, "f32_denormals") == 0) {
+        return "preserved"; /* the kernels are built with -ftz=false */
+    }
+    if (strcmp(key, "driver") == 0) {
+        return c->driver_text;
+    }
+    if (strcmp(key, "compute_capability") == 0) {
+        return c->cc_text;
+    }
+    if (strcmp(key, "sm_count") == 0) {
+        return c->sm_text;
+    }
+    if (strcmp(key, "module") == 0) {
+        return c->module_text;
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Opening and closing                                                       */
+/* ------------------------------------------------------------------------ */
+static void cuda_destroy(void *ctx) {
+    cuda_ctx *c = ctx;
+    if (!c) {
+        return;
+    }
+    if (c->drv.library && c->context) {
+        bool pushed;
+        if (ctx_enter(c, &pushed) == TOVL_OK) {
+            if (c->module) c->drv.cuModuleUnload(c->module);
+            if (c->stream) c->drv.cuStreamDestroy(c->stream);
+            ctx_leave(c, pushed);
+        }
+        if (c->owns_primary) {
+            c->drv.cuDevicePrimaryCtxRelease(c->device);
+        }
+    }
+    tovl_cuda_driver_unload(&c->drv);
+    free(c);
+}
+
+/* The device TOVL_CUDA_DEVICE names (an index; default 0). */
+static tovl_status pick_device(cuda_ctx *c) {
+    int count = 0;
+    CUresult r = c->drv.cuDeviceGetCount(&count);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_BACKEND_UNAVAILABLE, r, "no CUDA device: cuDeviceGetCount");
+    }
+    if (count == 0) {
+        return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "no CUDA device: the driver sees none");
+    }
+    long index = 0;
+    const char *env = getenv("TOVL_CUDA_DEVICE");
+    if (env && *env) {
+        char *end = NULL;
+        errno = 0;
+        index = strtol(env, &end, 10);
+        if (errno || *end || index < 0) {
+            return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "TOVL_CUDA_DEVICE='%s' is not a device index", env);
+        }
+    }
+    if (index >= count) {
+        return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "TOVL_CUDA_DEVICE=%ld but the driver sees %d CUDA device%s",
+                          index, count, count == 1 ? "" : "s");
+    }
+    r = c->drv.cuDeviceGet(&c->device, (int)index);
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuDeviceGet(%ld)", index);
+}
+
+static tovl_status describe_device(cuda_ctx *c) {
+    char name[128] = "";
+    int major = 0, minor = 0, sms = 0;
+    size_t mem = 0;
+    CUresult r = c->drv.cuDeviceGetName(name, (int)sizeof name, c->device);
+    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->device);
+    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->device);
+    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->device);
+    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceTotalMem(&mem, c->device);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading the device's attributes");
+    }
+    c->shape.sm_count = sms > 0 ? (uint32_t)sms : 1;
+    snprintf(c->driver_text, sizeof c->driver_text, "%d.%d", c->drv.version / 1000, c->drv.version % 1000 / 10);
+    snprintf(c->cc_text, sizeof c->cc_text, "%d.%d", major, minor);
+    snprintf(c->sm_text, sizeof c->sm_text, "%d", sms);
+    snprintf(c->device_text, sizeof c->device_text, "%.127s (sm_%d%d, %d SMs, %.1f GiB, driver %s)", name, major,
+             minor, sms, (double)mem / (1024.0 * 1024.0 * 1024.0), c->driver_text);
+    return TOVL_OK;
+}
+
+/* Read a small module global (a launch shape, the port marker); 0 bytes when
+ * the module has no such global. */
+static tovl_status read_global(cuda_ctx *c, const char *name, void *dst, size_t capacity, size_t *bytes) {
+    CUdeviceptr p = 0;
+    *bytes = 0;
+    CUresult r = c->drv.cuModuleGetGlobal(&p, bytes, c->module, name);
+    if (r == CUDA_ERROR_NOT_FOUND) {
+        *bytes = 0;
+        return TOVL_OK;
+    }
+    if (r == CUDA_SUCCESS && *bytes != capacity) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module global %s has %zu bytes, expected %zu", name,
+                          *bytes, capacity);
+    }
+    if (r == CUDA_SUCCESS) r = c->drv.cuMemcpyDtoHAsync(dst, p, capacity, c->stream);
+    if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading module global %s", name);
+}
+
+static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
+    *fn = NULL;
+    CUresult r = c->drv.cuModuleGetFunction(fn, c->module, name);
+    if (r == CUDA_ERROR_NOT_FOUND) {
+        *fn = NULL;
+        return TOVL_OK;
+    }
+    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuModuleGetFunction(%s)", name);
+}
+
+static uint32_t blocks_per_sm(cuda_ctx *c, CUfunction fn) {
+    int blocks = 0;
+    if (!fn || c->drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, TOVL_CUDA_LMHEAD_THREADS, 0) !=
+                   CUDA_SUCCESS || blocks < 1) {
+        return 1;
+    }
+    return (uint32_t)blocks;
+}
+
+/* Look the kernels up; tell this port's module from another's. */
+static tovl_status resolve_kernels(cuda_ctx *c) {
+    uint32_t abi = 0;
+    size_t bytes = 0;
+    tovl_status st = read_global(c, "tovl_cuda_port_abi", &abi, sizeof abi, &bytes);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    if (bytes && abi != TOVL_CUDA_PORT_ABI) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "cuda: module %s was built for launch ABI %u, this library launches ABI %u (rebuild it)",
+                          c->module_text, abi, TOVL_CUDA_PORT_ABI);
+    }
+    c->native = bytes != 0;
+    for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
+        cuda_kernel *kernel = &c->kernels[k];
+        const char *name = tovl_cuda_kernel_names[k];
+        st = get_function(c, name, &kernel->fn);
+        if (st == TOVL_OK && kernel->fn && c->native && tovl_cuda_small_variant_names[k]) {
+            st = get_function(c, tovl_cuda_small_variant_names[k], &kernel->small_fn);
+            if (st == TOVL_OK && !kernel->small_fn) {
+                st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module %s has %s but not %s", c->module_text, name,
+                                tovl_cuda_small_variant_names[k]);
+            }
+        }
+        if (st == TOVL_OK && kernel->fn && !c->native) {
+            char global[64];
+            uint32_t shape[4];
+            snprintf(global, sizeof global, "%s_launch", name);
+            st = read_global(c, global, shape, sizeof shape, &bytes);
+            kernel->shape = bytes ? (tovl_cuda_foreign_shape){shape[0], shape[1], shape[2], shape[3]}
+                                  : TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
+            if (st == TOVL_OK) st = tovl_cuda_foreign_shape_check(name, &kernel->shape);
+        }
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
+    if (c->native) {
+        const cuda_kernel *bf16 = &c->kernels[TOVL_CUDA_LMHEAD_BF16], *f32 = &c->kernels[TOVL_CUDA_LMHEAD_F32];
+        uint32_t large = blocks_per_sm(c, bf16->fn), small = blocks_per_sm(c, bf16->small_fn);
+        uint32_t large32 = blocks_per_sm(c, f32->fn), small32 = blocks_per_sm(c, f32->small_fn);
+        c->shape.lmhead_large_blocks_per_sm = large < large32 ? large : large32;
+        c->shape.lmhead_small_blocks_per_sm = small < small32 ? small : small32;
+    }
+    return TOVL_OK;
+}
+
+/* Is `image` a cubin (ELF), a fatbin, or NUL-terminated PTX text? */
+static tovl_status check_image(const void *image, size_t size, const char *label) {
+    static const unsigned char elf[4] = {0x7F, 'E', 'L', 'F'}, fatbin[4] = {0x50, 0xED, 0x55, 0xBA};
+    if (!image || size == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module image %s is empty", label);
+    }
+    if (size >= 4 && (memcmp(image, elf, 4) == 0 || memcmp(image, fatbin, 4) == 0)) {
+        return TOVL_OK;
+    }
+    if (!memchr(image, 0, size)) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "cuda: module image %s is no cubin or fatbin, and as PTX it is not NUL-terminated within "
+                          "its %zu bytes",
+                          label, size);
+    }
+    return TOVL_OK;
+}
+
+/* Open on `wrap_context` (NULL: the TOVL_CUDA_DEVICE device's primary
+ * context) with the module `image` (NULL: the embedded fatbin). */
+static tovl_status cuda_create(CUcontext wrap_context, const void *image, size_t image_size, const char *label,
+                               tovl_backend **out) {
+    *out = NULL;
+    cuda_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
+    }
+    tovl_status st = tovl_cuda_driver_load(&c->drv);
+    if (st != TOVL_OK) {
+        free(c);
+        return st;
+    }
+    CUresult r;
+    if (wrap_context) {
+        c->context = wrap_context;
+        r = c->drv.cuCtxPushCurrent(wrap_context);
+        if (r == CUDA_SUCCESS) {
+            r = c->drv.cuCtxGetDevice(&c->device);
+            CUcontext popped;
+            c->drv.cuCtxPopCurrent(&popped);
+        }
+        if (r != CUDA_SUCCESS) {
+            st = tovl_cuda_fail(&c->drv, TOVL_ERR_INVALID_ARGUMENT, r, "cuda: the CUcontext to wrap");
+        }
+    } else {
+        st = pick_device(c);
+        if (st == TOVL_OK) {
+            r = c->drv.cuDevicePrimaryCtxRetain(&c->context, c->device);
+            if (r == CUDA_SUCCESS) {
+                c->owns_primary = true;
+            } else {
+                c->context = NULL;
+                st = tovl_cuda_fail(&c->drv, TOVL_ERR_BACKEND_UNAVAILABLE, r, "cuda: cuDevicePrimaryCtxRetain");
+            }
+        }
+    }
+    if (st == TOVL_OK) st = describe_device(c);
+    bool pushed = false;
+    if (st == TOVL_OK) st = ctx_enter(c, &pushed);
+    if (st == TOVL_OK) {
+        snprintf(c->module_text, sizeof c->module_text, "%s", label);
+        r = c->drv.cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING);
+        if (r != CUDA_SUCCESS) {
+            c->stream = NULL;
+            st = tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuStreamCreate");
+        }
+        if (st == TOVL_OK) {
+            r = c->drv.cuModuleLoadData(&c->module, image);
+            if (r != CUDA_SUCCESS) {
+                c->module = NULL;
+                /* The embedded fatbin not loading means this GPU or driver is
+                 * not served by this build; a caller's image is the caller's. */
+                st = tovl_cuda_fail(&c->drv, image_size ? TOVL_ERR_INVALID_ARGUMENT : TOVL_ERR_BACKEND_UNAVAILABLE, r,
+                                    "cuda: cuModuleLoadData(%s) on %s", label, c->device_text);
+            }
+        }
+        if (st == TOVL_OK) st = resolve_kernels(c);
+        ctx_leave(c, pushed);
+    }
+    if (st != TOVL_OK) {
+        cuda_destroy(c);
+        return st;
+    }
+    return tovl_backend_create(&cuda_iface, c, out);
+}
+
+static tovl_status cuda_open(tovl_backend **out) {
+#if TOVL_CUDA_HAVE_FATBIN
+    return cuda_create(NULL, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
+#else
+    *out = NULL;
+    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s", TOVL_CUDA_NO_FATBIN_REASON);
+#endif
+}
+
+const tovl_backend_factory tovl_cuda_backend_factory = {"cuda", cuda_open};
+
+tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out) {
+    if (!out) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_cuda_backend_wrap: out is NULL");
+    }
+    *out = NULL;
+    if (!cu_context) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_cuda_backend_wrap: cu_context is NULL");
+    }
+#if TOVL_CUDA_HAVE_FATBIN
+    return cuda_create(cu_context, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
+#else
+    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s", TOVL_CUDA_NO_FATBIN_REASON);
+#endif
+}
+
+tovl_status tovl_cuda_backend_open_image(const void *image, size_t size, const char *label, tovl_backend **out) {
+    if (!out) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_cuda_backend_open_image: out is NULL");
+    }
+    *out = NULL;
+    label = label ? label : "caller's image";
+    tovl_status st = check_image(image, size, label);
+    return st == TOVL_OK ? cuda_create(NULL, image, size, label, out) : st;
+}
+
+/* ------------------------------------------------------------------------ */
+static const tovl_backend_iface cuda_iface = {
+    .iface_version = TOVL_BACKEND_IFACE_VERSION,
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .device = cuda_device,
+    .property = cuda_property,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .upload = cuda_upload,
+    .download = cuda_download,
+    .fill_u32 = cuda_fill_u32,
+    .try_kernel = cuda_try_kernel,
+    .launch = cuda_launch,
+    .synchronize = cuda_synchronize,
+    .time_kernel = cuda_time_kernel,
+    .copy_bandwidth = cuda_copy_bandwidth,
+};
+
+static const cuda_ctx *ctx_of(const tovl_backend *backend) {
+    return tovl_backend_get_iface(backend) == &cuda_iface ? tovl_backend_get_context(backend) : NULL;
+}
+
+const tovl_cuda_driver *tovl_cuda_backend_driver(const tovl_backend *backend) {
+    const cuda_ctx *c = ctx_of(backend);
+    return c ? &c->drv : NULL;
+}
+
+CUcontext tovl_cuda_backend_cu_context(const tovl_backend *backend) {
+    const cuda_ctx *c = ctx_of(backend);
+    return c ? c->context : NULL;
+}
+
+CUstream tovl_cuda_backend_stream(const tovl_backend *backend) {
+    const cuda_ctx *c = ctx_of(backend);
+    return c ? c->stream : NULL;
+}

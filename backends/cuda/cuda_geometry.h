@@ -1,0 +1,64 @@
+/*
+ * Launch geometry of the CUDA backend: from the core's logical grid and a
+ * kernel's arguments to grid and block dimensions. Plain C with no driver
+ * dependency, so the kernel emulation test (emu/) launches the kernels exactly
+ * as the backend does.
+ */
+#ifndef TOVL_CUDA_GEOMETRY_H
+#define TOVL_CUDA_GEOMETRY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tovl/tovl.h"
+
+/* The four kernels, in the order of the handles the backend gives out
+ * (handle = index + 1). */
+typedef enum tovl_cuda_kernel_id {
+    TOVL_CUDA_ROWDIFF = 0,
+    TOVL_CUDA_EMBED_OVERLAY,
+    TOVL_CUDA_LMHEAD_BF16,
+    TOVL_CUDA_LMHEAD_F32,
+    TOVL_CUDA_KERNEL_COUNT
+} tovl_cuda_kernel_id;
+
+extern const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT];
+/* This port's small-tile lm_head variants (NULL for the other kernels). */
+extern const char *const tovl_cuda_small_variant_names[TOVL_CUDA_KERNEL_COUNT];
+extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
+
+/* The kernel of that name, or -1. */
+int tovl_cuda_kernel_by_name(const char *name);
+
+/* What the native lm_head launch needs to know about the device. */
+typedef struct tovl_cuda_device_shape {
+    uint32_t sm_count;
+    uint32_t lmhead_large_blocks_per_sm; /* occupancy of each variant */
+    uint32_t lmhead_small_blocks_per_sm;
+} tovl_cuda_device_shape;
+
+typedef struct tovl_cuda_launch {
+    uint32_t grid[3];
+    uint32_t block[3];
+    bool small_variant; /* lm_head: launch the small-tile variant */
+} tovl_cuda_launch;
+
+/* This port's kernels. A grid with a zero dimension means nothing to launch. */
+tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,
+                                    const tovl_cuda_device_shape *device, tovl_cuda_launch *out);
+
+/* Another port's kernels (include/tovl/tovl_cuda.h): blocks of block_x x
+ * block_y threads, each covering items_x x items_y points of the logical grid. */
+typedef struct tovl_cuda_foreign_shape {
+    uint32_t block_x, block_y, items_x, items_y;
+} tovl_cuda_foreign_shape;
+
+#define TOVL_CUDA_FOREIGN_DEFAULT_SHAPE ((tovl_cuda_foreign_shape){256, 1, 1, 1})
+
+/* Checks a shape read from a module; names the kernel when it is unusable. */
+tovl_status tovl_cuda_foreign_shape_check(const char *kernel, const tovl_cuda_foreign_shape *shape);
+tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shape *shape, const uint32_t logical[3],
+                                     tovl_cuda_launch *out);
+
+#endif /* TOVL_CUDA_GEOMETRY_H */

@@ -1,0 +1,116 @@
+/*
+ * What the CUDA kernels share: the spec's bf16 rules, pointer and slot helpers,
+ * 16-byte loads. Built by nvcc for the fatbin, and by the host C++ compiler
+ * with TOVL_CUDA_EMU defined, where emu/cuda_emu.h supplies CUDA's built-ins
+ * so the test suite can run these very kernels on a machine without a GPU.
+ */
+#ifndef TOVL_CUDA_KERNELS_COMMON_CUH
+#define TOVL_CUDA_KERNELS_COMMON_CUH
+
+#if defined(TOVL_CUDA_EMU)
+#include "../emu/cuda_emu.h"
+#define TOVL_CUDA_KERNEL static
+#define TOVL_UNROLL
+#else
+#define TOVL_CUDA_KERNEL extern "C" __global__
+#define TOVL_UNROLL _Pragma("unroll")
+#endif
+
+#include <stdint.h>
+
+#include "launch_shape.h"
+#include "tovl/kernel_args.h"
+
+namespace tovl_cuda {
+
+constexpr unsigned FULL_MASK = 0xFFFFFFFFu;
+constexpr unsigned WARP = 32;
+
+template <typename T>
+__device__ __forceinline__ T *ptr(uint64_t devptr) {
+    return reinterpret_cast<T *>(devptr);
+}
+
+/* bf16 -> f32 is exact. */
+__device__ __forceinline__ float bf16_to_f32(uint32_t bits) {
+    return __uint_as_float(bits << 16);
+}
+
+/* The two bf16 of a little-endian pair word: element 2p (low) and 2p+1 (high). */
+__device__ __forceinline__ float pair_lo(uint32_t pair) {
+    return __uint_as_float(pair << 16);
+}
+__device__ __forceinline__ float pair_hi(uint32_t pair) {
+    return __uint_as_float(pair & 0xFFFF0000u);
+}
+
+/* f32 -> bf16, nearest even, every NaN 0x7FC0 (core/bf16.c). */
+__device__ __forceinline__ uint16_t f32_to_bf16(float value) {
+    const uint32_t bits = __float_as_uint(value);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
+        return 0x7FC0u;
+    }
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* The bits an f32 logit is stored as: the canonical NaN for every NaN. */
+__device__ __forceinline__ uint32_t f32_out_bits(float value) {
+    const uint32_t bits = __float_as_uint(value);
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC00000u : bits;
+}
+
+/* A load of data no kernel writes while it runs (the read-only data path). */
+template <typename T>
+__device__ __forceinline__ T ldg(const T *p) {
+#if defined(TOVL_CUDA_EMU)
+    tovl_emu::check_aligned(p, alignof(T));
+    return *p;
+#else
+    return __ldg(p);
+#endif
+}
+
+/* The slot of row t: the per-row array when present, else the single slot. */
+__device__ __forceinline__ int32_t row_slot(uint64_t slots, int32_t active_slot, uint32_t t) {
+    return slots ? ldg(ptr<const int32_t>(slots) + t) : active_slot;
+}
+
+__device__ __forceinline__ bool slot_valid(int32_t slot, uint32_t max_loras) {
+    return slot >= 0 && (uint32_t)slot < max_loras;
+}
+
+__device__ __forceinline__ uint32_t lane_id() {
+    return threadIdx.x & (WARP - 1);
+}
+
+/* Lanes of this warp below `lane` (PTX %lanemask_lt). */
+__device__ __forceinline__ unsigned lanes_below(uint32_t lane) {
+    return (1u << lane) - 1u;
+}
+
+/* Elements before the first 16-byte boundary of a bf16 row at `p`. */
+__device__ __forceinline__ uint32_t bf16_to_16b_boundary(const void *p) {
+    return (uint32_t)((16u - ((uintptr_t)p & 15u)) & 15u) / 2u;
+}
+
+/* A 16-byte read-only load; p must be 16-byte aligned. */
+__device__ __forceinline__ uint4 load16(const void *p) {
+    return ldg(reinterpret_cast<const uint4 *>(p));
+}
+
+/* A 16-byte store; p must be 16-byte aligned. */
+__device__ __forceinline__ void store16(void *p, uint4 v) {
+#if defined(TOVL_CUDA_EMU)
+    tovl_emu::check_aligned(p, 16);
+#endif
+    *reinterpret_cast<uint4 *>(p) = v;
+}
+
+template <typename T>
+__device__ __forceinline__ T min_of(T a, T b) {
+    return a < b ? a : b;
+}
+
+} // namespace tovl_cuda
+
+#endif /* TOVL_CUDA_KERNELS_COMMON_CUH */

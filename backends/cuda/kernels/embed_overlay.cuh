@@ -1,0 +1,73 @@
+/*
+ * embed_overlay: for each token t whose slot s is valid, has a slot map, and
+ * maps the token's id (< vocab) to a row j < n[s]: hidden[t, :] = rows[s][j, :],
+ * a bit copy. Every other row is left untouched.
+ *
+ * A block per token. The copy uses 16-byte loads and stores from the first
+ * element where source and destination both reach a 16-byte boundary (scalar
+ * before it and for the tail; scalar throughout when their offsets differ
+ * modulo 16, e.g. hidden rows of h = 100), all loads of an iteration issued
+ * before its stores.
+ */
+#ifndef TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
+#define TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
+
+#include "common.cuh"
+
+TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(tovl_embed_overlay_args args) {
+    using namespace tovl_cuda;
+    constexpr uint32_t THREADS = TOVL_CUDA_EMBED_THREADS, UNROLL = 4;
+    const uint32_t t = blockIdx.x;
+    if (t >= args.T) {
+        return;
+    }
+    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
+    if (!slot_valid(s, args.max_loras)) {
+        return;
+    }
+    const uint64_t slot_map = ldg(ptr<const uint64_t>(args.slot_map_table) + s);
+    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
+    if (slot_map == 0 || id >= args.vocab) {
+        return;
+    }
+    const int32_t j = ldg(ptr<const int32_t>(slot_map) + id);
+    if (j < 0 || (uint32_t)j >= ldg(ptr<const uint32_t>(args.n_table) + s)) {
+        return;
+    }
+    const uint32_t h = args.h;
+    const uint16_t *src = ptr<const uint16_t>(ldg(ptr<const uint64_t>(args.rows_table) + s)) + (size_t)j * h;
+    uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
+
+    uint32_t head = bf16_to_16b_boundary(dst);
+    if (head != bf16_to_16b_boundary(src) || head > h) {
+        head = h;
+    }
+    for (uint32_t i = threadIdx.x; i < head; i += THREADS) {
+        dst[i] = ldg(src + i);
+    }
+    const uint32_t vectors = (h - head) / 8;
+    const uint16_t *vsrc = src + head;
+    uint16_t *vdst = dst + head;
+    for (uint32_t v0 = 0; v0 < vectors; v0 += THREADS * UNROLL) {
+        uint4 chunk[UNROLL] = {};
+        TOVL_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            const uint32_t v = v0 + u * THREADS + threadIdx.x;
+            if (v < vectors) {
+                chunk[u] = load16(vsrc + (size_t)v * 8);
+            }
+        }
+        TOVL_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            const uint32_t v = v0 + u * THREADS + threadIdx.x;
+            if (v < vectors) {
+                store16(vdst + (size_t)v * 8, chunk[u]);
+            }
+        }
+    }
+    for (uint32_t i = head + vectors * 8 + threadIdx.x; i < h; i += THREADS) {
+        dst[i] = ldg(src + i);
+    }
+}
+
+#endif /* TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH */
