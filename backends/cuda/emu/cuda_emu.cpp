@@ -1,0 +1,339 @@
+/*
+ * The fiber runtime behind cuda_emu.h: one block at a time, one fiber per CUDA
+ * thread, switching only at barriers and warp collectives.
+ */
+#include "cuda_emu.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_emu_api.h"
+#include "emu_kernels.h"
+#include "tovl/backend.h"
+
+namespace tovl_emu {
+namespace {
+
+constexpr size_t STACK_BYTES = 128 * 1024;
+constexpr unsigned WARP = 32;
+constexpr unsigned ALL_LANES = 0xFFFFFFFFu;
+
+enum class State { Ready, Waiting, Done };
+
+struct Fiber {
+    ucontext_t context;
+    std::vector<char> stack;
+    emu_dim3 tid;
+    unsigned warp = 0, lane = 0;
+    State state = State::Ready;
+};
+
+/* A barrier: the waiting fibers resume once `expected` have arrived. */
+struct Gate {
+    unsigned arrived = 0;
+    std::vector<Fiber *> waiting;
+};
+
+/* A warp's collective in progress: what kind, and each lane's value. */
+struct WarpCollective {
+    Gate deposit, collect;
+    const char *op = nullptr;
+    uint32_t value[WARP];
+};
+
+struct Launch {
+    KernelThunk kernel = nullptr;
+    const void *args = nullptr;
+    emu_dim3 grid{}, block{}, block_index{};
+    std::vector<Fiber> fibers;
+    std::vector<WarpCollective> warps;
+    Gate block_gate;
+    unsigned done = 0;
+    ucontext_t scheduler;
+    Fiber *current = nullptr;
+    std::mt19937_64 order;
+    bool failed = false;
+    std::string error;
+};
+
+Launch *g_launch;
+
+[[noreturn]] void stop(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Record the first error and abandon the running fiber for good. */
+void stop(const char *fmt, ...) {
+    Launch &L = *g_launch;
+    if (!L.failed) {
+        char text[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+        char where[96];
+        snprintf(where, sizeof where, " (block %u,%u,%u thread %u,%u,%u)", L.block_index.x, L.block_index.y,
+                 L.block_index.z, L.current ? L.current->tid.x : 0, L.current ? L.current->tid.y : 0,
+                 L.current ? L.current->tid.z : 0);
+        L.error = std::string(text) + where;
+        L.failed = true;
+    }
+    swapcontext(&L.current->context, &L.scheduler);
+    abort(); /* never resumed */
+}
+
+void yield() {
+    Launch &L = *g_launch;
+    swapcontext(&L.current->context, &L.scheduler);
+}
+
+/* Arrive at `gate` of `expected` fibers and wait for the others. */
+void arrive(Gate &gate, unsigned expected) {
+    Fiber *self = g_launch->current;
+    if (++gate.arrived == expected) {
+        for (Fiber *f : gate.waiting) {
+            f->state = State::Ready;
+        }
+        gate.waiting.clear();
+        gate.arrived = 0;
+        self->state = State::Ready;
+    } else {
+        self->state = State::Waiting;
+        gate.waiting.push_back(self);
+    }
+    yield();
+}
+
+unsigned lanes_in_warp(unsigned warp) {
+    const Launch &L = *g_launch;
+    const unsigned threads = (unsigned)L.fibers.size();
+    return std::min(WARP, threads - warp * WARP);
+}
+
+/* Enter a warp collective: all lanes must be alive and do the same one. */
+WarpCollective &collective_begin(const char *op, unsigned mask, uint32_t value) {
+    Launch &L = *g_launch;
+    Fiber *self = L.current;
+    const unsigned lanes = lanes_in_warp(self->warp);
+    if (mask != ALL_LANES) {
+        stop("%s with mask 0x%08x: the kernels use full warps only", op, mask);
+    }
+    for (unsigned l = 0; l < lanes; l++) {
+        if (L.fibers[self->warp * WARP + l].state == State::Done) {
+            stop("%s while lane %u of the warp has exited", op, l);
+        }
+    }
+    WarpCollective &c = L.warps[self->warp];
+    if (c.deposit.arrived == 0) {
+        c.op = op;
+    } else if (c.op != op) {
+        stop("%s while other lanes of the warp are in %s", op, c.op);
+    }
+    c.value[self->lane] = value;
+    arrive(c.deposit, lanes);
+    return c;
+}
+
+/* Leave it once every lane has read the values. */
+void collective_end(WarpCollective &c) {
+    arrive(c.collect, lanes_in_warp(g_launch->current->warp));
+}
+
+void fiber_entry() {
+    Launch &L = *g_launch;
+    L.kernel(L.args);
+    Fiber *self = L.current;
+    self->state = State::Done;
+    L.done++;
+    if (!L.block_gate.waiting.empty()) {
+        stop("thread exited while %zu threads wait at __syncthreads", L.block_gate.waiting.size());
+    }
+    if (!L.warps[self->warp].deposit.waiting.empty()) {
+        stop("thread exited while its warp waits in %s", L.warps[self->warp].op);
+    }
+    yield();
+}
+
+std::string describe_deadlock() {
+    const Launch &L = *g_launch;
+    std::string text = "deadlock: " + std::to_string(L.block_gate.waiting.size()) + " threads at __syncthreads";
+    for (size_t w = 0; w < L.warps.size(); w++) {
+        if (!L.warps[w].deposit.waiting.empty()) {
+            text += ", warp " + std::to_string(w) + ": " + std::to_string(L.warps[w].deposit.waiting.size()) +
+                    " lanes in " + L.warps[w].op;
+        }
+    }
+    return text + ", " + std::to_string(L.done) + " exited";
+}
+
+/* Run one block to completion (or to the first error). */
+bool run_block() {
+    Launch &L = *g_launch;
+    L.block_gate = Gate{};
+    for (WarpCollective &c : L.warps) {
+        c = WarpCollective{};
+    }
+    L.done = 0;
+    for (Fiber &f : L.fibers) {
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack.data();
+        f.context.uc_stack.ss_size = f.stack.size();
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, fiber_entry, 0);
+        f.state = State::Ready;
+    }
+    std::vector<Fiber *> ready;
+    for (;;) {
+        ready.clear();
+        for (Fiber &f : L.fibers) {
+            if (f.state == State::Ready) {
+                ready.push_back(&f);
+            }
+        }
+        if (ready.empty()) {
+            if (L.done != L.fibers.size()) {
+                L.failed = true;
+                L.error = describe_deadlock();
+            }
+            return !L.failed;
+        }
+        std::shuffle(ready.begin(), ready.end(), L.order);
+        for (Fiber *f : ready) {
+            if (f->state != State::Ready) {
+                continue;
+            }
+            L.current = f;
+            swapcontext(&L.scheduler, &f->context);
+            if (L.failed) {
+                return false;
+            }
+        }
+    }
+}
+
+} // namespace
+
+const emu_dim3 &thread_idx() {
+    return g_launch->current->tid;
+}
+const emu_dim3 &block_idx() {
+    return g_launch->block_index;
+}
+const emu_dim3 &block_dim() {
+    return g_launch->block;
+}
+const emu_dim3 &grid_dim() {
+    return g_launch->grid;
+}
+
+void syncthreads() {
+    Launch &L = *g_launch;
+    if (L.done) {
+        stop("__syncthreads after %u threads of the block exited", L.done);
+    }
+    arrive(L.block_gate, (unsigned)L.fibers.size());
+}
+
+void syncwarp(unsigned mask) {
+    collective_end(collective_begin("__syncwarp", mask, 0));
+}
+
+unsigned ballot(unsigned mask, bool predicate) {
+    WarpCollective &c = collective_begin("__ballot_sync", mask, predicate);
+    unsigned result = 0;
+    for (unsigned l = 0; l < lanes_in_warp(g_launch->current->warp); l++) {
+        result |= (c.value[l] ? 1u : 0u) << l;
+    }
+    collective_end(c);
+    return result;
+}
+
+unsigned match_any(unsigned mask, uint32_t value) {
+    WarpCollective &c = collective_begin("__match_any_sync", mask, value);
+    unsigned result = 0;
+    for (unsigned l = 0; l < lanes_in_warp(g_launch->current->warp); l++) {
+        result |= (c.value[l] == value ? 1u : 0u) << l;
+    }
+    collective_end(c);
+    return result;
+}
+
+uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta) {
+    WarpCollective &c = collective_begin("__shfl_down_sync", mask, bits);
+    const unsigned lane = g_launch->current->lane;
+    const uint32_t result = lane + delta < WARP ? c.value[lane + delta] : bits;
+    collective_end(c);
+    return result;
+}
+
+uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
+    WarpCollective &c = collective_begin("__shfl_up_sync", mask, bits);
+    const unsigned lane = g_launch->current->lane;
+    const uint32_t result = lane >= delta ? c.value[lane - delta] : bits;
+    collective_end(c);
+    return result;
+}
+
+void check_aligned(const void *p, size_t alignment) {
+    if ((uintptr_t)p % alignment != 0) {
+        stop("misaligned %zu-byte access at %p", alignment, p);
+    }
+}
+
+} // namespace tovl_emu
+
+extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
+                                            const void *args, uint64_t seed) {
+    using namespace tovl_emu;
+    KernelThunk kernel = find_kernel(function);
+    if (!kernel) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: no kernel named %s", function);
+    }
+    const uint64_t threads = (uint64_t)block[0] * block[1] * block[2];
+    if (threads == 0 || threads > 1024 || threads % WARP != 0) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s with %llu threads per block", function,
+                          (unsigned long long)threads);
+    }
+    static Launch launch;
+    Launch &L = launch;
+    g_launch = &L;
+    L.kernel = kernel;
+    L.args = args;
+    L.grid = {grid[0], grid[1], grid[2]};
+    L.block = {block[0], block[1], block[2]};
+    L.failed = false;
+    L.error.clear();
+    L.order.seed(seed);
+    L.fibers.resize(threads);
+    L.warps.resize(threads / WARP);
+    unsigned i = 0;
+    for (unsigned z = 0; z < block[2]; z++) {
+        for (unsigned y = 0; y < block[1]; y++) {
+            for (unsigned x = 0; x < block[0]; x++, i++) {
+                Fiber &f = L.fibers[i];
+                if (f.stack.empty()) {
+                    f.stack.resize(STACK_BYTES);
+                }
+                f.tid = {x, y, z};
+                f.warp = i / WARP;
+                f.lane = i % WARP;
+            }
+        }
+    }
+    for (unsigned z = 0; z < grid[2]; z++) {
+        for (unsigned y = 0; y < grid[1]; y++) {
+            for (unsigned x = 0; x < grid[0]; x++) {
+                L.block_index = {x, y, z};
+                if (!run_block()) {
+                    return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s: %s", function, L.error.c_str());
+                }
+            }
+        }
+    }
+    return TOVL_OK;
+}

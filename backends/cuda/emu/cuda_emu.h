@@ -1,0 +1,139 @@
+/*
+ * CUDA's built-ins on the host, for running this port's kernels (the very
+ * token_overlay.cu source, compiled as C++ with TOVL_CUDA_EMU) on a machine
+ * without a GPU: the kernel emulation test checks their logic and dot order
+ * bit for bit against the CPU reference, under the conformance suite.
+ *
+ * Every CUDA thread of a block is a fiber; fibers switch only at barriers and
+ * warp collectives, and after each barrier the waiting fibers resume in a
+ * random order, so code that needs a barrier it lacks shows up as a
+ * mismatch. A collective or __syncthreads that not every thread (or lane)
+ * reaches, a mask other than all lanes, or a misaligned vector access stops the
+ * launch with an error. Floating point is the host's: IEEE single, round to
+ * nearest even, subnormals kept (built with -ffp-contract=off).
+ *
+ * Test-only code: C++ because the kernels are CUDA C++; it is not part of the
+ * library.
+ */
+#ifndef TOVL_CUDA_EMU_H
+#define TOVL_CUDA_EMU_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+/* One block runs at a time on one host thread: a function-static variable is
+ * exactly one block's shared memory. */
+#define __shared__ static thread_local
+
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float2 make_float2(float x, float y) {
+    return float2{x, y};
+}
+inline float4 make_float4(float x, float y, float z, float w) {
+    return float4{x, y, z, w};
+}
+
+namespace tovl_emu {
+
+const emu_dim3 &thread_idx();
+const emu_dim3 &block_idx();
+const emu_dim3 &block_dim();
+const emu_dim3 &grid_dim();
+
+void syncthreads();
+void syncwarp(unsigned mask);
+unsigned ballot(unsigned mask, bool predicate);
+unsigned match_any(unsigned mask, uint32_t value);
+uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta);
+uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta);
+void check_aligned(const void *p, size_t alignment);
+
+template <typename T>
+inline uint32_t bits_of(T v) {
+    static_assert(sizeof(T) == 4, "32-bit shuffles only");
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    return b;
+}
+template <typename T>
+inline T from_bits(uint32_t b) {
+    T v;
+    memcpy(&v, &b, 4);
+    return v;
+}
+
+} // namespace tovl_emu
+
+#define threadIdx (::tovl_emu::thread_idx())
+#define blockIdx (::tovl_emu::block_idx())
+#define blockDim (::tovl_emu::block_dim())
+#define gridDim (::tovl_emu::grid_dim())
+
+inline void __syncthreads() {
+    tovl_emu::syncthreads();
+}
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+    tovl_emu::syncwarp(mask);
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    return tovl_emu::ballot(mask, predicate != 0);
+}
+inline int __any_sync(unsigned mask, int predicate) {
+    return tovl_emu::ballot(mask, predicate != 0) != 0;
+}
+inline unsigned __match_any_sync(unsigned mask, unsigned value) {
+    return tovl_emu::match_any(mask, value);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_down(mask, tovl_emu::bits_of(value), delta));
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T value, unsigned delta) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_up(mask, tovl_emu::bits_of(value), delta));
+}
+inline int __popc(unsigned x) {
+    return __builtin_popcount(x);
+}
+inline int __ffs(int x) {
+    return __builtin_ffs(x);
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* Each a single IEEE single operation (no contraction: -ffp-contract=off). */
+inline float __fmul_rn(float a, float b) {
+    return a * b;
+}
+inline float __fadd_rn(float a, float b) {
+    return a + b;
+}
+inline float __fsub_rn(float a, float b) {
+    return a - b;
+}
+
+#endif /* TOVL_CUDA_EMU_H */

@@ -1,0 +1,33 @@
+/*
+ * The kernel emulation as the tests see it (plain C): run this port's kernels
+ * on the host, and a backend that does so through the CUDA backend's own
+ * launch geometry. Test-only; not part of the library.
+ */
+#ifndef TOVL_CUDA_EMU_API_H
+#define TOVL_CUDA_EMU_API_H
+
+#include <stdint.h>
+
+#include "../cuda_geometry.h"
+#include "tovl/tovl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Run kernel `function` of token_overlay.cu ("rowdiff", "lmhead_overlay_f32_small",
+ * ...) over grid x block with its argument struct. `seed` picks the order in
+ * which threads resume after each barrier. TOVL_ERR_LAUNCH names the problem
+ * (a barrier not every thread reaches, a misaligned vector access, ...). */
+tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
+                                 const void *args, uint64_t seed);
+
+/* A backend on host memory whose kernels are the emulated CUDA kernels,
+ * launched with tovl_cuda_native_launch for a device of `shape`. */
+tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOVL_CUDA_EMU_API_H */

@@ -1,0 +1,126 @@
+/* A backend whose kernels are this port's CUDA kernels run by the host
+ * emulation (cuda_emu.cpp), launched with the CUDA backend's own geometry.
+ * Memory is the CPU backend's (host memory), which it wraps. Test-only. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_emu_api.h"
+#include "tovl/backend.h"
+
+typedef struct emu_ctx {
+    tovl_backend *host; /* the CPU backend: allocation and copies */
+    tovl_cuda_device_shape shape;
+    uint64_t seed;
+    uint64_t launches;
+    char device[96];
+} emu_ctx;
+
+static void emu_destroy(void *ctx) {
+    emu_ctx *c = ctx;
+    tovl_backend_close(c->host);
+    free(c);
+}
+
+static const char *emu_device(void *ctx) {
+    return ((emu_ctx *)ctx)->device;
+}
+
+static const char *emu_property(void *ctx, const char *key) {
+    (void)ctx;
+    if (strcmp(key, "subgroup_size") == 0) {
+        return "32";
+    }
+    if (strcmp(key, "f32_denormals") == 0) {
+        return "preserved";
+    }
+    return NULL;
+}
+
+static tovl_status emu_alloc(void *ctx, size_t bytes, tovl_devptr *out) {
+    return tovl_alloc(((emu_ctx *)ctx)->host, bytes, out);
+}
+
+static void emu_free(void *ctx, tovl_devptr ptr) {
+    tovl_free(((emu_ctx *)ctx)->host, ptr);
+}
+
+static tovl_status emu_upload(void *ctx, tovl_devptr dst, const void *src, size_t bytes) {
+    return tovl_upload(((emu_ctx *)ctx)->host, dst, src, bytes);
+}
+
+static tovl_status emu_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
+    return tovl_download(((emu_ctx *)ctx)->host, dst, src, bytes);
+}
+
+static tovl_status emu_fill_u32(void *ctx, tovl_devptr dst, uint32_t pattern, size_t bytes) {
+    return tovl_fill_u32(((emu_ctx *)ctx)->host, dst, pattern, bytes);
+}
+
+static tovl_kernel emu_try_kernel(void *ctx, const char *name) {
+    (void)ctx;
+    int k = tovl_cuda_kernel_by_name(name);
+    return k < 0 ? 0 : (tovl_kernel)k + 1;
+}
+
+static tovl_status emu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                              size_t args_size, void *stream) {
+    emu_ctx *c = ctx;
+    (void)stream;
+    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: launch of unknown kernel handle %llu",
+                          (unsigned long long)kernel);
+    }
+    tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
+    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s expects %zu bytes of arguments, got %zu",
+                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    }
+    tovl_cuda_launch dims;
+    tovl_status st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
+    if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
+        return st;
+    }
+    const char *function = dims.small_variant ? tovl_cuda_small_variant_names[k] : tovl_cuda_kernel_names[k];
+    return tovl_cuda_emu_launch(function, dims.grid, dims.block, args, c->seed + c->launches++);
+}
+
+static tovl_status emu_synchronize(void *ctx, void *stream) {
+    (void)ctx;
+    (void)stream;
+    return TOVL_OK;
+}
+
+static const tovl_backend_iface emu_iface = {
+    .iface_version = TOVL_BACKEND_IFACE_VERSION,
+    .name = "cuda-emu",
+    .destroy = emu_destroy,
+    .device = emu_device,
+    .property = emu_property,
+    .alloc = emu_alloc,
+    .free = emu_free,
+    .upload = emu_upload,
+    .download = emu_download,
+    .fill_u32 = emu_fill_u32,
+    .try_kernel = emu_try_kernel,
+    .launch = emu_launch,
+    .synchronize = emu_synchronize,
+};
+
+tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out) {
+    *out = NULL;
+    emu_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cuda-emu: out of host memory");
+    }
+    tovl_status st = tovl_backend_open("cpu", &c->host);
+    if (st != TOVL_OK) {
+        free(c);
+        return st;
+    }
+    c->shape = *shape;
+    c->seed = seed;
+    snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs, %u/%u lm_head blocks per SM)",
+             shape->sm_count, shape->lmhead_large_blocks_per_sm, shape->lmhead_small_blocks_per_sm);
+    return tovl_backend_create(&emu_iface, c, out);
+}

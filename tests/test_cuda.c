@@ -1,0 +1,359 @@
+/*
+ * The CUDA backend. Without a GPU: the no-driver path (unavailable, one-line
+ * reason, nothing printed), argument checks, and the launch geometry. With
+ * one (else skipped with the backend's reason): the device and its
+ * properties, every kernel against the CPU reference on batches the
+ * conformance suite does not reach, a caller's context, a module loaded from
+ * a file, bad launches, and the timing members the bench uses.
+ */
+#include <criterion/criterion.h>
+#include <criterion/redirect.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/cuda_backend.h"
+#include "cuda/cuda_geometry.h"
+#include "test_cuda_common.h"
+#include "testutil.h"
+#include "tovl/tovl_cuda.h"
+
+static void redirect_output(void) {
+    cr_redirect_stdout();
+    cr_redirect_stderr();
+}
+
+static tovl_backend *open_cuda_or_skip(void) {
+    tovl_backend *be = NULL;
+    if (tovl_backend_open("cuda", &be) != TOVL_OK) {
+        cr_skip_test("cuda backend unavailable: %s", tovl_last_error());
+    }
+    return be;
+}
+
+static bool cuda_compiled(void) {
+    tovl_backend_info info[8];
+    size_t n = tovl_backend_list(info, 8);
+    for (size_t i = 0; i < n && i < 8; i++) {
+        if (strcmp(info[i].name, "cuda") == 0) {
+            return info[i].compiled;
+        }
+    }
+    return false;
+}
+
+/* ------------------------------------------------------------------------ */
+/* No driver                                                                 */
+/* ------------------------------------------------------------------------ */
+Test(cuda, no_driver_means_unavailable_with_a_reason_and_no_output, .init = redirect_output) {
+    setenv("TOVL_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+    tovl_backend *be = (tovl_backend *)&be; /* must come back NULL */
+    tovl_status st = tovl_backend_open("cuda", &be);
+    cr_assert_eq(st, TOVL_ERR_BACKEND_UNAVAILABLE, "got %s", tovl_status_str(st));
+    cr_assert_null(be);
+    char why[256];
+    snprintf(why, sizeof why, "%s", tovl_last_error());
+    cr_assert_gt(strlen(why), 10, "reason: '%s'", why);
+    cr_assert_null(strchr(why, '\n'), "one line: '%s'", why);
+    if (cuda_compiled()) {
+        cr_assert_not_null(strstr(why, "/nonexistent/libcuda.so.1 not found"), "reason: '%s'", why);
+    }
+    /* The listing says the same, and every other way in is unavailable too. */
+    tovl_backend_info info[8];
+    size_t n = tovl_backend_list(info, 8);
+    bool listed = false;
+    for (size_t i = 0; i < n && i < 8; i++) {
+        if (strcmp(info[i].name, "cuda") == 0) {
+            listed = true;
+            cr_expect_not(info[i].available);
+            cr_expect_gt(strlen(info[i].reason), 10);
+            cr_expect_eq(info[i].device[0], '\0');
+        }
+    }
+    cr_expect(listed, "tovl_backend_list has no cuda entry");
+    static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
+    be = (tovl_backend *)&be;
+    cr_expect_eq(tovl_cuda_backend_open_image(ptx, sizeof ptx, "ptx", &be), TOVL_ERR_BACKEND_UNAVAILABLE);
+    cr_expect_null(be);
+    int fake_context;
+    cr_expect_eq(tovl_cuda_backend_wrap(&fake_context, &be), TOVL_ERR_BACKEND_UNAVAILABLE);
+    fflush(stdout);
+    fflush(stderr);
+    cr_assert_stdout_eq_str("", "the backend printed to stdout");
+    cr_assert_stderr_eq_str("", "the backend printed to stderr");
+}
+
+/* Whatever this machine has, opening the real driver either works or says why. */
+Test(cuda, open_succeeds_or_is_unavailable, .init = redirect_output) {
+    tovl_backend *be = NULL;
+    tovl_status st = tovl_backend_open("cuda", &be);
+    if (st == TOVL_OK) {
+        cr_expect_not_null(strstr(tovl_backend_device(be), "sm_"), "device: %s", tovl_backend_device(be));
+        tovl_backend_close(be);
+    } else {
+        cr_expect_eq(st, TOVL_ERR_BACKEND_UNAVAILABLE, "got %s: %s", tovl_status_str(st), tovl_last_error());
+        cr_expect_null(be);
+        cr_expect_gt(strlen(tovl_last_error()), 10);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    cr_assert_stdout_eq_str("");
+    cr_assert_stderr_eq_str("");
+}
+
+Test(cuda, bad_images_and_contexts_are_refused_before_the_driver) {
+    tovl_backend *be = NULL;
+    cr_expect_eq(tovl_cuda_backend_open_image(NULL, 10, "none", &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_backend_open_image("x", 0, "empty", &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_not_null(strstr(tovl_last_error(), "empty"), "names the image: %s", tovl_last_error());
+    static const char text[4] = {'.', 'v', 'e', 'r'}; /* no NUL: not PTX */
+    cr_expect_eq(tovl_cuda_backend_open_image(text, sizeof text, "unterminated", &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_not_null(strstr(tovl_last_error(), "unterminated"), "%s", tovl_last_error());
+    cr_expect_null(be);
+    cr_expect_eq(tovl_cuda_backend_open_image("x", 2, "x", NULL), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_backend_wrap(NULL, &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_null(be);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Launch geometry                                                           */
+/* ------------------------------------------------------------------------ */
+static const tovl_cuda_device_shape h200 = {132, 1, 2};
+
+Test(cuda_geometry, rowdiff_and_embed) {
+    tovl_cuda_launch l;
+    tovl_rowdiff_args ra = {.rows = 152064, .h = 4096};
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_ROWDIFF, (uint32_t[3]){152064, 1, 1}, &ra, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 152064 / 8);
+    cr_expect_eq(l.block[0], 256);
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_ROWDIFF, (uint32_t[3]){97, 1, 1}, &ra, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 13, "97 rows, 8 per block");
+    tovl_embed_overlay_args ea = {.T = 512, .h = 4096};
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_EMBED_OVERLAY, (uint32_t[3]){512, 1, 1}, &ea, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 512);
+    cr_expect_eq(l.block[0] * l.block[1] * l.block[2], 128);
+}
+
+Test(cuda_geometry, lmhead_variant_and_blocks) {
+    tovl_cuda_launch l;
+    tovl_lmhead_overlay_args a = {.T = 512, .h = 4096, .max_n = 64};
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_F32, (uint32_t[3]){512, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect_not(l.small_variant, "T = 512 x 64 rows fills 132 SMs with large tiles");
+    cr_expect_eq(l.grid[0], 132);
+    cr_expect_eq(l.grid[1], 1);
+    a.T = 64;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){64, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect(l.small_variant, "T = 64 takes the small tiles");
+    cr_expect_eq(l.grid[0], 264, "two blocks per SM");
+    a.T = 3;
+    a.max_n = 2;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){3, 2, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 3, "no more blocks than units of work (3 rows x 1 column)");
+    a.T = 100000;
+    a.max_n = 64;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){100000, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 132, "a large T is done window by window by the same blocks");
+    a.T = 0;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){0, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 0, "nothing to launch");
+    a.T = 8;
+    a.max_n = 0xFFFFFFF0u;
+    cr_expect_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, a.max_n, 1}, &a, &h200, &l),
+                 TOVL_ERR_UNSUPPORTED);
+    cr_expect_not_null(strstr(tovl_last_error(), "max_n"), "%s", tovl_last_error());
+}
+
+Test(cuda_geometry, another_ports_convention) {
+    tovl_cuda_launch l;
+    const tovl_cuda_foreign_shape plain = TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
+    cr_assert_eq(tovl_cuda_foreign_launch(&plain, (uint32_t[3]){37, 17, 1}, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 37);
+    cr_expect_eq(l.grid[1], 17);
+    cr_expect_eq(l.block[0], 256);
+    const tovl_cuda_foreign_shape eight_rows = {256, 1, 1, 8};
+    cr_assert_eq(tovl_cuda_foreign_shape_check("lmhead_overlay_f32", &eight_rows), TOVL_OK);
+    cr_assert_eq(tovl_cuda_foreign_launch(&eight_rows, (uint32_t[3]){37, 17, 1}, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 37);
+    cr_expect_eq(l.grid[1], 3, "ceil(17 / 8)");
+    const tovl_cuda_foreign_shape too_big = {512, 4, 1, 1}, empty = {0, 1, 1, 1}, no_items = {64, 1, 0, 1};
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &too_big), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_not_null(strstr(tovl_last_error(), "rowdiff_launch"), "%s", tovl_last_error());
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &empty), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &no_items), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_foreign_launch(&plain, (uint32_t[3]){5, 70000, 1}, &l), TOVL_ERR_UNSUPPORTED,
+                 "grid.y beyond 65535");
+}
+
+/* ------------------------------------------------------------------------ */
+/* On a GPU                                                                  */
+/* ------------------------------------------------------------------------ */
+Test(cuda, device_and_properties) {
+    tovl_backend *be = open_cuda_or_skip();
+    fprintf(stderr, "cuda device: %s\n", tovl_backend_device(be));
+    cr_expect_not_null(strstr(tovl_backend_device(be), "sm_"));
+    cr_expect_str_eq(tovl_backend_property(be, "subgroup_size"), "32");
+    cr_expect_str_eq(tovl_backend_property(be, "f32_denormals"), "preserved");
+    cr_expect_not_null(tovl_backend_property(be, "driver"));
+    cr_expect_not_null(strstr(tovl_backend_property(be, "module"), "embedded fatbin"));
+    cr_expect_null(tovl_backend_property(be, "no such key"));
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    cr_expect(k.rowdiff && k.embed_overlay && k.lmhead_overlay_bf16 && k.lmhead_overlay_f32, "all four kernels");
+    cr_expect_eq(tovl_try_kernel(be, "lmhead_overlay_f32_small"), 0, "variants are not kernels of the spec");
+    cr_expect_eq(tovl_try_kernel(be, "no_such_kernel"), 0);
+    tovl_backend_close(be);
+}
+
+static const cuda_scenario gpu_scenarios[] = {
+    {"bench_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false},
+    {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false},
+    {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false},
+    {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false},
+    {"windows", 2600, 72, 3000, 6, 5, 1, 1, 21, false},
+    {"shared_bins", 300, 130, 2000, 700, 3, 3, 256, 19, false},
+    {"active_slot", 700, 264, 4000, 4, 1, 2, 1, 40, true},
+    {"many_rows", 40, 512, 50000, 2, 2, 0, 1, 3000, false},
+};
+
+Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
+    tovl_backend *be = open_cuda_or_skip();
+    tu_rng r = tu_rng_for("cuda_gpu_scenarios");
+    for (size_t i = 0; i < sizeof gpu_scenarios / sizeof gpu_scenarios[0]; i++) {
+        cuda_run_against_cpu(be, &gpu_scenarios[i], tu_next(&r));
+    }
+    tovl_backend_close(be);
+}
+
+/* rowdiff over a large pair with few differing rows, both rules, odd h. */
+static void rowdiff_case(tovl_backend *cpu, tovl_backend *gpu, tu_rng *r, uint32_t rows, uint32_t h, float tol) {
+    size_t n = (size_t)rows * h;
+    uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+    uint32_t *want = malloc(rows * 4), *got = malloc(rows * 4);
+    cr_assert(a && b && want && got);
+    tu_fill_bf16(r, a, n);
+    memcpy(b, a, n * 2);
+    uint32_t changed = 0;
+    for (uint32_t i = 0; i < rows / 50 + 1; i++) {
+        uint32_t row = tu_below(r, rows), col = tu_below(r, h);
+        b[(size_t)row * h + col] ^= (uint16_t)(tu_below(r, 2) ? 0x0001 : 0x4000); /* an ulp, or far */
+        changed++;
+    }
+    tovl_overlay_kernels kc = tovl_overlay_kernels_resolve(cpu), kg = tovl_overlay_kernels_resolve(gpu);
+    tovl_devptr da, db;
+    cr_assert_eq(tovl_alloc(cpu, n * 2, &da), TOVL_OK);
+    cr_assert_eq(tovl_alloc(cpu, n * 2, &db), TOVL_OK);
+    tovl_upload(cpu, da, a, n * 2);
+    tovl_upload(cpu, db, b, n * 2);
+    uint32_t n_want = 0, n_got = 0;
+    cr_assert_eq(tovl_rowdiff(cpu, &kc, da, db, rows, h, tol, want, &n_want), TOVL_OK);
+    tovl_free(cpu, da);
+    tovl_free(cpu, db);
+    cr_assert_eq(tovl_alloc(gpu, n * 2, &da), TOVL_OK);
+    cr_assert_eq(tovl_alloc(gpu, n * 2, &db), TOVL_OK);
+    tovl_upload(gpu, da, a, n * 2);
+    tovl_upload(gpu, db, b, n * 2);
+    cr_assert_eq(tovl_rowdiff(gpu, &kg, da, db, rows, h, tol, got, &n_got), TOVL_OK, "%s", tovl_last_error());
+    tovl_free(gpu, da);
+    tovl_free(gpu, db);
+    cr_expect_gt(n_want, 0, "rows %u h %u: the reference found no difference", rows, h);
+    cr_expect_eq(n_got, n_want, "rows %u h %u tol %g: %u changed rows, the reference %u", rows, h, tol, n_got, n_want);
+    cr_expect_arr_eq(got, want, (n_got < n_want ? n_got : n_want) * 4);
+    free(a);
+    free(b);
+    free(want);
+    free(got);
+}
+
+Test(cuda, rowdiff_matches_the_cpu_on_large_matrices, .timeout = 900) {
+    tovl_backend *gpu = open_cuda_or_skip(), *cpu = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
+    tu_rng r = tu_rng_for("cuda_rowdiff_large");
+    rowdiff_case(cpu, gpu, &r, 20000, 4096, 0.0f);
+    rowdiff_case(cpu, gpu, &r, 20000, 4096, 0.1f);
+    rowdiff_case(cpu, gpu, &r, 5003, 4099, 0.0f);
+    rowdiff_case(cpu, gpu, &r, 7001, 100, 0.0f);
+    tovl_backend_close(cpu);
+    tovl_backend_close(gpu);
+}
+
+Test(cuda, a_callers_context_can_be_wrapped) {
+    tovl_backend *be = open_cuda_or_skip(), *wrapped = NULL;
+    cr_assert_eq(tovl_cuda_backend_wrap(tovl_cuda_backend_cu_context(be), &wrapped), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_str_eq(tovl_backend_device(wrapped), tovl_backend_device(be));
+    tu_rng r = tu_rng_for("cuda_wrap");
+    cuda_run_against_cpu(wrapped, &gpu_scenarios[0], tu_next(&r));
+    tovl_backend_close(wrapped);
+    /* The wrapped context was not released: the first backend still works. */
+    cuda_run_against_cpu(be, &gpu_scenarios[1], tu_next(&r));
+    tovl_backend_close(be);
+}
+
+#if defined(TOVL_TEST_CUDA_FATBIN)
+/* The fatbin the library embeds, loaded again from its file. */
+Test(cuda, open_image_loads_a_module_from_a_file) {
+    tovl_backend *be = open_cuda_or_skip();
+    tovl_backend_close(be);
+    FILE *f = fopen(TOVL_TEST_CUDA_FATBIN, "rb");
+    cr_assert_not_null(f, "%s", TOVL_TEST_CUDA_FATBIN);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *image = malloc((size_t)size);
+    cr_assert_eq(fread(image, 1, (size_t)size, f), (size_t)size);
+    fclose(f);
+    cr_assert_eq(tovl_cuda_backend_open_image(image, (size_t)size, "fatbin from file", &be), TOVL_OK, "%s",
+                 tovl_last_error());
+    free(image); /* the module does not keep the image */
+    cr_expect_str_eq(tovl_backend_property(be, "module"), "fatbin from file");
+    tu_rng r = tu_rng_for("cuda_open_image");
+    cuda_run_against_cpu(be, &gpu_scenarios[3], tu_next(&r));
+    tovl_backend_close(be);
+}
+#endif
+
+Test(cuda, bad_launches_fail_with_a_reason) {
+    tovl_backend *be = open_cuda_or_skip();
+    const tovl_backend_iface *iface = tovl_backend_get_iface(be);
+    void *ctx = tovl_backend_get_context(be);
+    tovl_rowdiff_args args = {0};
+    const uint32_t grid[3] = {1, 1, 1};
+    cr_expect_eq(iface->launch(ctx, 0, grid, &args, sizeof args, NULL), TOVL_ERR_LAUNCH);
+    cr_expect_eq(iface->launch(ctx, 99, grid, &args, sizeof args, NULL), TOVL_ERR_LAUNCH);
+    tovl_kernel k = tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF);
+    cr_expect_eq(iface->launch(ctx, k, grid, &args, sizeof args - 8, NULL), TOVL_ERR_LAUNCH);
+    cr_expect_not_null(strstr(tovl_last_error(), "rowdiff"), "%s", tovl_last_error());
+    tovl_backend_close(be);
+}
+
+/* The optional members tovl bench uses: numbers come back (no speed is
+ * asserted: benchmarks measure speed, tests do not). */
+Test(cuda, timing_members_return_measurements) {
+    tovl_backend *be = open_cuda_or_skip();
+    const tovl_backend_iface *iface = tovl_backend_get_iface(be);
+    void *ctx = tovl_backend_get_context(be);
+    cr_assert_not_null(iface->time_kernel);
+    cr_assert_not_null(iface->copy_bandwidth);
+    cuda_hook_case hc;
+    tu_rng r = tu_rng_for("cuda_timing");
+    cr_assert_eq(cuda_case_setup(be, &gpu_scenarios[1], tu_next(&r), &hc), TOVL_OK, "%s", tovl_last_error());
+    tovl_embed_overlay_args a = {0};
+    tovl_overlay_tables t = tovl_token_overlay_set_tables(hc.set);
+    a = (tovl_embed_overlay_args){hc.embed.hidden, hc.embed.token_ids, hc.embed.slots, t.embed_slot_map_table,
+                                  t.embed_rows_table, t.embed_n_table, hc.embed.T, hc.embed.hidden_size,
+                                  tovl_token_overlay_set_vocab(hc.set), tovl_token_overlay_set_max_loras(hc.set),
+                                  -1, 0};
+    tovl_kernel_timing timing;
+    cr_assert_eq(iface->time_kernel(ctx, hc.kernels.embed_overlay, (uint32_t[3]){a.T, 1, 1}, &a, sizeof a, 10, 5,
+                                    &timing),
+                 TOVL_OK, "%s", tovl_last_error());
+    cr_expect_gt(timing.batched_us, 0.0);
+    cr_expect_gt(timing.single_us, 0.0);
+    cr_expect_eq(timing.repeats, 5);
+    double gbps = 0.0;
+    cr_assert_eq(iface->copy_bandwidth(ctx, 64u << 20, 3, &gbps), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_gt(gbps, 1.0);
+    fprintf(stderr, "embed T=64: %.2f us per launch in a graph, %.2f us single; copy %.0f GB/s\n",
+            timing.batched_us, timing.single_us, gbps);
+    cuda_case_free(&hc);
+    tovl_backend_close(be);
+}

@@ -1,0 +1,100 @@
+/*
+ * The CUDA port's kernels (backends/cuda/token_overlay.cu) run on the host by
+ * the emulation in backends/cuda/emu, launched with the CUDA backend's own
+ * geometry, and checked bit for bit against the CPU reference: the whole
+ * conformance suite on device shapes that select either lm_head variant, plus
+ * batches that only a GPU-sized launch reaches (T = 512 over 8 slots, several
+ * windows of rows, slots sharing a grouping bin). Needs no GPU: this is how
+ * the kernels' logic and dot order are verified where CI has no NVIDIA GPU.
+ * Threads resume in a random order after each barrier (seeded), so a missing
+ * barrier shows up as a mismatch.
+ */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+
+#include "conform.h"
+#include "cuda/emu/cuda_emu_api.h"
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+static tovl_backend *open_emu(const tovl_cuda_device_shape *shape, const char *salt) {
+    tu_rng r = tu_rng_for(salt);
+    tovl_backend *be = NULL;
+    cr_assert_eq(tovl_cuda_emu_backend_open(shape, tu_next(&r), &be), TOVL_OK, "%s", tovl_last_error());
+    return be;
+}
+
+static void conform_on(const tovl_cuda_device_shape *shape, const char *salt) {
+    tovl_backend *ref = NULL, *emu = open_emu(shape, salt);
+    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
+    tu_rng r = tu_rng_for(salt);
+    uint64_t seed = tu_next(&r);
+    fprintf(stderr, "conform on %s, seed %" PRIu64 "\n", tovl_backend_device(emu), seed);
+    tovl_conform_report rep = {0};
+    size_t failed = tovl_conform_backend(ref, emu, seed, stderr, &rep);
+    cr_expect_eq(failed, 0, "%zu conformance cases failed on %s (seed %" PRIu64 ")", failed,
+                 tovl_backend_device(emu), seed);
+    cr_expect_eq(rep.count, tovl_conform_case_count());
+    cr_expect_eq(rep.skipped, 0, "denormals are kept: no case may skip");
+    cr_expect_eq(rep.passed, rep.count);
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(emu);
+    tovl_backend_close(ref);
+}
+
+/* One SM: every batch with 8 or more rows takes the large tiles. */
+Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){1, 1, 2}, "cuda_emu_large");
+}
+
+/* An H200's 132 SMs: the suite's small batches take the small tiles, spread
+ * over more blocks than there is work. */
+Test(cuda_emu, conformance_small_tiles_h200_shape, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132, 1, 2}, "cuda_emu_h200");
+}
+
+/* Uneven shares: units split over 5 and 7 blocks. */
+Test(cuda_emu, conformance_uneven_split, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){5, 1, 1}, "cuda_emu_5");
+    conform_on(&(tovl_cuda_device_shape){7, 1, 3}, "cuda_emu_7");
+}
+
+static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_scenario *sc) {
+    tovl_backend *emu = open_emu(shape, sc->name);
+    tu_rng r = tu_rng_for(sc->name);
+    cuda_run_against_cpu(emu, sc, tu_next(&r));
+    tovl_backend_close(emu);
+}
+
+/* The benchmark's shape: T = 512, h = 4096, 8 slots x 64 rows, on 132 SMs:
+ * the large tiles, one block per SM. */
+Test(cuda_emu, bench_shape_t512, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132, 1, 2},
+                      &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false});
+}
+
+/* T = 64 of the benchmark: the small tiles. */
+Test(cuda_emu, bench_shape_t64, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132, 1, 2},
+                      &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false});
+}
+
+/* More rows than one grouping window (1024): two and a half windows. */
+Test(cuda_emu, rows_beyond_one_window, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){4, 1, 2},
+                      &(cuda_scenario){"windows", 2600, 72, 3000, 6, 5, 1, 1, 21, false});
+}
+
+/* max_loras beyond the 256 grouping bins: slots 3, 259, 515 share bin 3, so
+ * tiles must be cut where the slot changes. */
+Test(cuda_emu, slots_sharing_a_bin, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){2, 1, 2},
+                      &(cuda_scenario){"shared_bins", 300, 130, 2000, 700, 3, 3, 256, 19, false});
+}
+
+/* One active slot for every row (decode): one group of all rows. */
+Test(cuda_emu, active_slot_large_batch, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){3, 1, 2},
+                      &(cuda_scenario){"active", 300, 264, 4000, 4, 1, 2, 1, 40, true});
+}
