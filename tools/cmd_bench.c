@@ -1,11 +1,447 @@
-/* tovl bench: placeholder until its issue lands. */
+/*
+ * tovl bench: the four kernels timed on a backend with its own device clock
+ * (the optional time_kernel / copy_bandwidth members of the backend vtable),
+ * on fresh random data (never zeros), after warm-up, as medians:
+ *
+ *   graph   the median per-launch time of `batch` back-to-back launches
+ *           recorded once and replayed (a CUDA graph, one Vulkan command
+ *           buffer): what an engine pays per hook;
+ *   single  the median time of one launch between two device timestamps,
+ *           which includes the timestamps' own overhead;
+ *   GB/s    the bytes a kernel must move (read + written) per graph launch
+ *           time, and that as a fraction of the device copy bandwidth measured
+ *           in the same run (a device-to-device copy, read + written).
+ *
+ * Sizes (issue 6): rowdiff over a vocab 152064 x h 4096 bf16 pair (1% of the
+ * rows differ, in one element, so the rest must be read whole); the embed and
+ * lm_head hooks at T = 512 and T = 64, h = 4096, 8 slots x 64 overlay rows,
+ * vocab 152064, a mixed batch (each row's slot random, 1 in 16 none; half the
+ * embed ids overlaid).
+ */
+#include <cjson/cJSON.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "conform.h"
+#include "tovl/backend.h"
+
+typedef struct bench_options {
+    const char *backend, *json;
+    uint64_t seed;
+    uint32_t batch, repeats;
+    uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
+    uint32_t t_large, t_small;
+} bench_options;
+
+typedef struct bench_row {
+    char kernel[32], label[48];
+    tovl_kernel_timing timing;
+    double bytes; /* moved per launch, read + written */
+    double macs;  /* multiply-adds per launch (lm_head), else 0 */
+} bench_row;
+
+typedef struct bench_run {
+    const bench_options *opt;
+    tovl_backend *be;
+    const tovl_backend_iface *iface;
+    void *ctx;
+    tovl_overlay_kernels k;
+    uint64_t rng;
+    bench_row rows[16];
+    size_t n_rows;
+    double copy_gbps; /* 0: the backend cannot measure it */
+} bench_run;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N] [--quick]\n\n"
+            "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
+            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with device timestamps:\n"
+            "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
+            "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
+            "medians over --repeats (20). --quick: small sizes, for a smoke run.\n"
+            "Backends without a device timer (cpu) are refused.\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* Random data: bf16 of magnitude 2^-8 .. 2^8, random sign, never zero.      */
+/* ------------------------------------------------------------------------ */
+static uint64_t next_random(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint32_t random_below(uint64_t *state, uint32_t n) {
+    return (uint32_t)(next_random(state) % n);
+}
+
+/* Four bf16 from one draw: sign, exponent 119..134, 7 mantissa bits. */
+static void fill_bf16(uint64_t *state, uint16_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i += 4) {
+        uint64_t bits = next_random(state);
+        for (size_t j = 0; j < 4 && i + j < n; j++, bits >>= 16) {
+            dst[i + j] = (uint16_t)((bits & 0x8000u) | ((119u + ((bits >> 7) & 15u)) << 7) | (bits & 0x7Fu));
+        }
+    }
+}
+
+static void distinct_ids(uint64_t *state, uint32_t vocab, uint32_t n, uint32_t *ids) {
+    for (uint32_t j = 0; j < n; j++) {
+        bool dup;
+        do {
+            ids[j] = random_below(state, vocab);
+            dup = false;
+            for (uint32_t i = 0; i < j && !dup; i++) {
+                dup = ids[i] == ids[j];
+            }
+        } while (dup);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+static tovl_status upload_new(tovl_backend *be, const void *src, size_t bytes, tovl_devptr *dst) {
+    tovl_status st = tovl_alloc(be, bytes, dst);
+    return st == TOVL_OK ? tovl_upload(be, *dst, src, bytes) : st;
+}
+
+static tovl_status upload_random_bf16(bench_run *run, size_t count, tovl_devptr *dst) {
+    uint16_t *host = malloc(count * sizeof *host);
+    if (!host) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory (%zu bf16)", count);
+    }
+    fill_bf16(&run->rng, host, count);
+    tovl_status st = upload_new(run->be, host, count * sizeof *host, dst);
+    free(host);
+    return st;
+}
+
+static tovl_status time_one(bench_run *run, const char *kernel_name, tovl_kernel kernel, const char *label,
+                            const uint32_t grid[3], const void *args, size_t args_size, double bytes, double macs) {
+    if (!kernel) {
+        return tovl_error(TOVL_ERR_KERNEL_MISSING, "bench: the backend has no %s kernel", kernel_name);
+    }
+    if (run->n_rows == sizeof run->rows / sizeof run->rows[0]) {
+        return tovl_error(TOVL_ERR_INTERNAL, "bench: too many rows");
+    }
+    bench_row *row = &run->rows[run->n_rows];
+    memset(row, 0, sizeof *row);
+    snprintf(row->kernel, sizeof row->kernel, "%s", kernel_name);
+    snprintf(row->label, sizeof row->label, "%s", label);
+    row->bytes = bytes;
+    row->macs = macs;
+    fprintf(stderr, "bench: %s %s ...\n", kernel_name, label);
+    tovl_status st = run->iface->time_kernel(run->ctx, kernel, grid, args, args_size, run->opt->batch,
+                                             run->opt->repeats, &row->timing);
+    if (st == TOVL_OK) {
+        run->n_rows++;
+    }
+    return st;
+}
+
+/* Device copy bandwidth over `bytes`, and rowdiff over rows x h. */
+static tovl_status bench_rowdiff(bench_run *run) {
+    const bench_options *o = run->opt;
+    const size_t elems = (size_t)o->rowdiff_rows * o->h, bytes = elems * 2;
+    if (run->iface->copy_bandwidth) {
+        fprintf(stderr, "bench: copy bandwidth over %zu MB ...\n", bytes >> 20);
+        tovl_status st = run->iface->copy_bandwidth(run->ctx, bytes, o->repeats, &run->copy_gbps);
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
+    uint16_t *a = malloc(bytes), *b = malloc(bytes);
+    tovl_devptr da = 0, db = 0, flags = 0;
+    tovl_status st = a && b ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    if (st == TOVL_OK) {
+        fill_bf16(&run->rng, a, elems);
+        memcpy(b, a, bytes);
+        for (uint32_t i = 0; i < o->rowdiff_rows / 100 + 1; i++) { /* 1% of the rows differ in one element */
+            size_t at = (size_t)random_below(&run->rng, o->rowdiff_rows) * o->h + random_below(&run->rng, o->h);
+            b[at] ^= 1;
+        }
+        st = upload_new(run->be, a, bytes, &da);
+    }
+    if (st == TOVL_OK) st = upload_new(run->be, b, bytes, &db);
+    free(a);
+    free(b);
+    if (st == TOVL_OK) st = tovl_alloc(run->be, (size_t)o->rowdiff_rows * 4, &flags);
+    if (st == TOVL_OK) {
+        tovl_rowdiff_args args = {.a = da, .b = db, .flags = flags, .rows = o->rowdiff_rows, .h = o->h, .tol = 0.0f};
+        char label[48];
+        snprintf(label, sizeof label, "%ux%u bf16", o->rowdiff_rows, o->h);
+        st = time_one(run, TOVL_KERNEL_ROWDIFF, run->k.rowdiff, label, (uint32_t[3]){o->rowdiff_rows, 1, 1}, &args,
+                      sizeof args, 2.0 * (double)bytes + 4.0 * o->rowdiff_rows, 0.0);
+    }
+    tovl_free(run->be, da);
+    tovl_free(run->be, db);
+    tovl_free(run->be, flags);
+    return st;
+}
+
+/* The overlay set: slots x rows_per_slot embed rows and own lm_head rows. */
+static tovl_status build_set(bench_run *run, uint32_t *embed_ids, tovl_token_overlay_set **set) {
+    const bench_options *o = run->opt;
+    const size_t rows = o->rows_per_slot, row_elems = rows * o->h;
+    tovl_embed_overlay **slots = calloc(o->slots, sizeof *slots);
+    uint32_t *lm_ids = malloc(rows * sizeof *lm_ids);
+    uint16_t *data = malloc(2 * row_elems * sizeof *data);
+    tovl_status st = slots && lm_ids && data ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: host memory");
+    for (uint32_t s = 0; s < o->slots && st == TOVL_OK; s++) {
+        uint32_t *ids = embed_ids + s * rows;
+        distinct_ids(&run->rng, o->vocab, (uint32_t)rows, ids);
+        distinct_ids(&run->rng, o->vocab, (uint32_t)rows, lm_ids);
+        fill_bf16(&run->rng, data, 2 * row_elems);
+        tovl_overlay_desc d = {
+            .adapter = "bench",
+            .vocab = o->vocab,
+            .hidden = o->h,
+            .embed = {"embed", ids, data, (uint32_t)rows, o->h},
+            .has_lmhead = true,
+            .lmhead = {"lm_head", lm_ids, data + row_elems, (uint32_t)rows, o->h},
+        };
+        st = tovl_build_overlay(run->be, &run->k, &d, &slots[s]);
+    }
+    if (st == TOVL_OK) st = tovl_token_overlay_set_from_slots(run->be, slots, o->slots, false, set);
+    for (uint32_t s = 0; slots && s < o->slots; s++) {
+        tovl_embed_overlay_release(slots[s]);
+    }
+    free(slots);
+    free(lm_ids);
+    free(data);
+    return st;
+}
+
+/* Both hooks' kernels over one batch of T rows. */
+static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, const uint32_t *embed_ids, uint32_t T) {
+    const bench_options *o = run->opt;
+    const size_t h = o->h, ld = o->vocab;
+    uint32_t *ids = malloc(T * sizeof *ids);
+    int32_t *slots = malloc(T * sizeof *slots);
+    tovl_devptr d_ids = 0, d_slots = 0, hidden = 0, final_hidden = 0, logits = 0;
+    tovl_status st = ids && slots ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: host memory");
+    uint32_t hits = 0, live = 0;
+    for (uint32_t t = 0; t < T && st == TOVL_OK; t++) {
+        uint32_t s = random_below(&run->rng, o->slots);
+        slots[t] = random_below(&run->rng, 16) == 0 ? -1 : (int32_t)s;
+        bool hit = slots[t] >= 0 && random_below(&run->rng, 2) == 0;
+        ids[t] = hit ? embed_ids[s * o->rows_per_slot + random_below(&run->rng, o->rows_per_slot)]
+                     : random_below(&run->rng, o->vocab);
+        hits += hit;
+        live += slots[t] >= 0;
+    }
+    if (st == TOVL_OK) st = upload_new(run->be, ids, T * sizeof *ids, &d_ids);
+    if (st == TOVL_OK) st = upload_new(run->be, slots, T * sizeof *slots, &d_slots);
+    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &hidden);
+    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &final_hidden);
+    if (st == TOVL_OK) st = tovl_alloc(run->be, T * ld * 4, &logits); /* f32 and bf16 logits share it */
+    if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, 0x3F80BF80u, T * ld * 4); /* never zeros */
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+    char label[48];
+    snprintf(label, sizeof label, "T=%u h=%u %ux%u", T, o->h, o->slots, o->rows_per_slot);
+    if (st == TOVL_OK) {
+        tovl_embed_overlay_args e = {hidden, d_ids, d_slots, tab.embed_slot_map_table, tab.embed_rows_table,
+                                     tab.embed_n_table, T, o->h, o->vocab, o->slots, -1, 0};
+        st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, label, (uint32_t[3]){T, 1, 1}, &e,
+                      sizeof e, 4.0 * hits * (double)h, 0.0);
+    }
+    const uint32_t max_n = tovl_token_overlay_set_max_n_override(set);
+    const double lm_cells = (double)live * max_n, lm_in = 2.0 * (T + (double)o->slots * max_n) * (double)h;
+    for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+        tovl_lmhead_overlay_args l = {logits, final_hidden, d_slots, tab.lmhead_rows_table, tab.lmhead_ids_table,
+                                      tab.n_override_table, ld, T, o->h, o->vocab, o->slots, -1, max_n};
+        st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
+                      f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label, (uint32_t[3]){T, max_n, 1},
+                      &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)h);
+    }
+    tovl_free(run->be, d_ids);
+    tovl_free(run->be, d_slots);
+    tovl_free(run->be, hidden);
+    tovl_free(run->be, final_hidden);
+    tovl_free(run->be, logits);
+    free(ids);
+    free(slots);
+    return st;
+}
+
+static tovl_status bench_hooks(bench_run *run) {
+    uint32_t *embed_ids = malloc((size_t)run->opt->slots * run->opt->rows_per_slot * sizeof *embed_ids);
+    if (!embed_ids) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    }
+    tovl_token_overlay_set *set = NULL;
+    tovl_status st = build_set(run, embed_ids, &set);
+    if (st == TOVL_OK) st = bench_hooks_at(run, set, embed_ids, run->opt->t_large);
+    if (st == TOVL_OK) st = bench_hooks_at(run, set, embed_ids, run->opt->t_small);
+    tovl_token_overlay_set_destroy(set);
+    free(embed_ids);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Output                                                                    */
+/* ------------------------------------------------------------------------ */
+static double gbps_of(const bench_row *r) {
+    return r->timing.batched_us > 0 ? r->bytes / (r->timing.batched_us * 1e-6) / 1e9 : 0.0;
+}
+
+static void print_table(const bench_run *run) {
+    printf("\n%-20s %-24s %12s %10s %10s %8s %10s\n", "kernel", "case", "graph us", "single us", "GB/s", "of copy",
+           "GMAC/s");
+    for (size_t i = 0; i < run->n_rows; i++) {
+        const bench_row *r = &run->rows[i];
+        char fraction[16] = "n/a", macs[16] = "";
+        if (run->copy_gbps > 0) {
+            snprintf(fraction, sizeof fraction, "%.1f%%", 100.0 * gbps_of(r) / run->copy_gbps);
+        }
+        if (r->macs > 0) {
+            snprintf(macs, sizeof macs, "%.1f", r->macs / (r->timing.batched_us * 1e-6) / 1e9);
+        }
+        printf("%-20s %-24s %12.2f %10.2f %10.1f %8s %10s\n", r->kernel, r->label, r->timing.batched_us,
+               r->timing.single_us, gbps_of(r), fraction, macs);
+    }
+    if (run->copy_gbps > 0) {
+        printf("\ndevice copy bandwidth: %.1f GB/s (read + written)\n", run->copy_gbps);
+    } else {
+        printf("\ndevice copy bandwidth: not measured (the backend has no copy_bandwidth)\n");
+    }
+}
+
+static int write_json(const bench_run *run, const char *path) {
+    const bench_options *o = run->opt;
+    cJSON *root = cJSON_CreateObject();
+    char seed[32];
+    snprintf(seed, sizeof seed, "%" PRIu64, o->seed);
+    cJSON_AddStringToObject(root, "backend", tovl_backend_name(run->be));
+    cJSON_AddStringToObject(root, "device", tovl_backend_device(run->be));
+    cJSON_AddStringToObject(root, "seed", seed);
+    cJSON_AddNumberToObject(root, "batch", o->batch);
+    cJSON_AddNumberToObject(root, "repeats", o->repeats);
+    cJSON_AddNumberToObject(root, "copy_gbps", run->copy_gbps);
+    cJSON *results = cJSON_AddArrayToObject(root, "results");
+    for (size_t i = 0; i < run->n_rows; i++) {
+        const bench_row *r = &run->rows[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "kernel", r->kernel);
+        cJSON_AddStringToObject(x, "case", r->label);
+        cJSON_AddNumberToObject(x, "graph_us", r->timing.batched_us);
+        cJSON_AddNumberToObject(x, "single_us", r->timing.single_us);
+        cJSON_AddNumberToObject(x, "bytes", r->bytes);
+        cJSON_AddNumberToObject(x, "gbps", gbps_of(r));
+        cJSON_AddNumberToObject(x, "copy_fraction", run->copy_gbps > 0 ? gbps_of(r) / run->copy_gbps : 0.0);
+        cJSON_AddNumberToObject(x, "macs", r->macs);
+        cJSON_AddItemToArray(results, x);
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    bool ok = f && fprintf(f, "%s\n", text) > 0;
+    ok = f && fclose(f) == 0 && ok;
+    free(text);
+    if (!ok) {
+        fprintf(stderr, "tovl bench: cannot write --json file '%s'\n", path);
+        return 2;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+static bool parse_u32(const char *text, uint32_t *out) {
+    char *end;
+    unsigned long long v = strtoull(text, &end, 0);
+    if (*text == '\0' || *end || v == 0 || v > UINT32_MAX) {
+        return false;
+    }
+    *out = (uint32_t)v;
+    return true;
+}
+
+static int parse_options(int argc, char **argv, bench_options *o) {
+    *o = (bench_options){.backend = "auto", .seed = tovl_conform_fresh_seed(), .batch = 100, .repeats = 20,
+                         .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
+                         .t_large = 512, .t_small = 64};
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(arg, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(arg, "--quick")) {
+            o->batch = 4;
+            o->repeats = 3;
+            o->rowdiff_rows = 2048;
+            o->t_large = 64;
+            o->t_small = 8;
+        } else if (value && !strcmp(arg, "--backend")) {
+            o->backend = value;
+            i++;
+        } else if (value && !strcmp(arg, "--json")) {
+            o->json = value;
+            i++;
+        } else if (value && !strcmp(arg, "--seed")) {
+            char *end;
+            o->seed = strtoull(value, &end, 0);
+            if (*end || !*value) {
+                fprintf(stderr, "tovl bench: --seed '%s' is not a number\n", value);
+                return 2;
+            }
+            i++;
+        } else if (value && (!strcmp(arg, "--batch") || !strcmp(arg, "--repeats"))) {
+            if (!parse_u32(value, !strcmp(arg, "--batch") ? &o->batch : &o->repeats)) {
+                fprintf(stderr, "tovl bench: %s '%s' is not a count >= 1\n", arg, value);
+                return 2;
+            }
+            i++;
+        } else {
+            fprintf(stderr, "tovl bench: unknown or incomplete option '%s'\n", arg);
+            usage(stderr);
+            return 2;
+        }
+    }
+    return -1; /* go on */
+}
 
 int tovl_cmd_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tovl bench: not implemented in this build\n");
-    return 2;
+    bench_options o;
+    int rc = parse_options(argc, argv, &o);
+    if (rc >= 0) {
+        return rc;
+    }
+    bench_run run = {.opt = &o, .rng = o.seed};
+    if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {
+        fprintf(stderr, "tovl bench: cannot open backend '%s': %s\n", o.backend, tovl_last_error());
+        return 2;
+    }
+    run.iface = tovl_backend_get_iface(run.be);
+    run.ctx = tovl_backend_get_context(run.be);
+    if (!run.iface->time_kernel) {
+        fprintf(stderr,
+                "tovl bench: backend '%s' has no device timer (time_kernel): benchmarks need a GPU backend "
+                "(cuda, hip or vulkan)\n",
+                tovl_backend_name(run.be));
+        tovl_backend_close(run.be);
+        return 2;
+    }
+    run.k = tovl_overlay_kernels_resolve(run.be);
+    printf("tovl bench: %s on %s, seed %" PRIu64 ", %u launches per recording, medians of %u\n",
+           tovl_backend_name(run.be), tovl_backend_device(run.be), o.seed, o.batch, o.repeats);
+    fflush(stdout);
+    tovl_status st = bench_rowdiff(&run);
+    if (st == TOVL_OK) st = bench_hooks(&run);
+    if (run.n_rows) {
+        print_table(&run);
+    }
+    rc = 0;
+    if (st != TOVL_OK) {
+        fprintf(stderr, "tovl bench: %s: %s\n", tovl_status_str(st), tovl_last_error());
+        rc = 1;
+    }
+    if (o.json && write_json(&run, o.json) != 0) {
+        rc = 2;
+    }
+    tovl_backend_close(run.be);
+    return rc;
 }
