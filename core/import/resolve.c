@@ -390,9 +390,14 @@ static tovl_status resolve_tied(ctx *c, bool *has_lm, const char **rule) {
         return add_full(c, &c->lm, v->mts[TOVL_MODULE_LMHEAD], TOVL_MODULE_LMHEAD, "modules_to_save");
     }
     if (e_ids && !v->mts[TOVL_MODULE_EMBED] && (!l_ids || same_ids(e_ids, l_ids))) {
-        /* PEFT wraps the lm_head with the embedding's token adapter. */
+        /* PEFT wraps the lm_head with the embedding's token adapter; a saved
+         * lm_head delta is that adapter's copy and loads into the same rows. */
+        if (v->tt[TOVL_MODULE_LMHEAD]) {
+            st = check_same(v->tt[TOVL_MODULE_EMBED], v->tt[TOVL_MODULE_LMHEAD],
+                            "PEFT ties the lm_head's trainable tokens to the embedding's");
+        }
         *rule = "tied model: lm_head shares the embedding's trainable tokens (PEFT ties them)";
-        return TOVL_OK;
+        return st;
     }
     /* The lm_head is the base parameter (maybe a loaded saved base) with its
      * own trainable tokens, if any. */

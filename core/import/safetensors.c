@@ -329,6 +329,20 @@ static tovl_status st_new(const char *path, tovl_safetensors **out) {
     return TOVL_OK;
 }
 
+/* Parse f (unless mapping it failed: st); hand it out, or free it. */
+static tovl_status parse_and_publish(tovl_safetensors *f, tovl_status st, tovl_safetensors **out) {
+    if (st == TOVL_OK) {
+        st = parse(f);
+    }
+    if (st != TOVL_OK) {
+        st_free(f);
+        return st;
+    }
+    tovl_clear_error();
+    *out = f;
+    return TOVL_OK;
+}
+
 tovl_status tovl_safetensors_open_memory(const void *bytes, size_t size, const char *name, tovl_safetensors **out) {
     if (!out) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_safetensors_open_memory: out is NULL");
@@ -344,14 +358,7 @@ tovl_status tovl_safetensors_open_memory(const void *bytes, size_t size, const c
     }
     f->bytes = bytes;
     f->size = size;
-    st = parse(f);
-    if (st != TOVL_OK) {
-        st_free(f);
-        return st;
-    }
-    tovl_clear_error();
-    *out = f;
-    return TOVL_OK;
+    return parse_and_publish(f, TOVL_OK, out);
 }
 
 tovl_status tovl_safetensors_open(const char *path, tovl_safetensors **out) {
@@ -388,16 +395,7 @@ tovl_status tovl_safetensors_open(const char *path, tovl_safetensors **out) {
         }
     }
     close(fd);
-    if (st == TOVL_OK) {
-        st = parse(f);
-    }
-    if (st != TOVL_OK) {
-        st_free(f);
-        return st;
-    }
-    tovl_clear_error();
-    *out = f;
-    return TOVL_OK;
+    return parse_and_publish(f, st, out);
 }
 
 const char *tovl_safetensors_path(const tovl_safetensors *file) {
