@@ -11,9 +11,9 @@ set(tovl_import_defs
   TOVL_EXTRA_FIXTURES="${CMAKE_CURRENT_SOURCE_DIR}/fixtures/peft_extra"
   TOVL_CLI="${tovl_import_cli}")
 
-tovl_add_test(test_import_fixtures test_import_fixtures.c)
-tovl_add_test(test_import_safetensors test_import_safetensors.c)
-tovl_add_test(test_import_errors test_import_errors.c)
+tovl_add_test(test_import_fixtures test_import_fixtures.c test_import_scratch.c)
+tovl_add_test(test_import_safetensors test_import_safetensors.c test_import_scratch.c)
+tovl_add_test(test_import_errors test_import_errors.c test_import_scratch.c)
 foreach(t test_import_fixtures test_import_safetensors test_import_errors)
   target_compile_definitions(${t} PRIVATE ${tovl_import_defs})
   if(TARGET tovl_cli)

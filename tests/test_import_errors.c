@@ -20,55 +20,18 @@
 
 /* ---- a scratch folder per test -------------------------------------------- */
 
-static char root[64];
+/* Scratch folders (tests/test_import_scratch.c). */
+extern char import_root[64];
+void import_scratch_setup(void);
+void import_scratch_teardown(void);
+const char *import_path(const char *rel);
+#define P(rel) import_path(rel)
 
-static void rm_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        return;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        char sub[1024];
-        while (d && (e = readdir(d))) {
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-                rm_tree(sub);
-            }
-        }
-        if (d) {
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        remove(path);
-    }
-}
-
-static void setup(void) {
-    snprintf(root, sizeof root, "/tmp/tovl-import-err-XXXXXX");
-    cr_assert(mkdtemp(root), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) {
-    rm_tree(root);
-}
-
-TestSuite(safetensors_bad, .init = setup, .fini = teardown);
-TestSuite(model_bad, .init = setup, .fini = teardown);
-TestSuite(adapter_bad, .init = setup, .fini = teardown);
-TestSuite(resolve_bad, .init = setup, .fini = teardown);
-TestSuite(cli_bad, .init = setup, .fini = teardown);
-
-static char path_buf[8][1024];
-static int path_next;
-/* root/rel (a few rotating buffers so calls can nest). */
-static const char *P(const char *rel) {
-    char *p = path_buf[path_next++ % 8];
-    snprintf(p, 1024, "%s/%s", root, rel);
-    return p;
-}
+TestSuite(safetensors_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(model_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(adapter_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(resolve_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(cli_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
 
 static void mkdir_p(const char *rel) {
     cr_assert(mkdir(P(rel), 0755) == 0 || errno == EEXIST, "mkdir %s", rel);
@@ -624,7 +587,7 @@ static int cli(const char *args, char *err, size_t cap) {
         cr_skip_test("the tovl binary is not built: %s", TOVL_CLI);
     }
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >stdout.txt 2>stderr.txt", root, TOVL_CLI, args);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >stdout.txt 2>stderr.txt", import_root, TOVL_CLI, args);
     int rc = system(cmd);
     err[0] = '\0';
     FILE *f = fopen(P("stderr.txt"), "r");

@@ -429,29 +429,10 @@ Test(fixtures_hip, extra_peft_cases) { run_all("hip", false); }
 
 /* ---- through the tovl binary ---------------------------------------------- */
 
-static char tmp_root[64];
-
-static void make_tmp(void) {
-    snprintf(tmp_root, sizeof tmp_root, "/tmp/tovl-import-fx-XXXXXX");
-    cr_assert(mkdtemp(tmp_root), "mkdtemp: %s", strerror(errno));
-}
-
-static void remove_tmp(void) {
-    DIR *d = opendir(tmp_root);
-    if (!d) {
-        return;
-    }
-    struct dirent *e;
-    char p[PATH_MAX_LEN * 2];
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", tmp_root, e->d_name);
-            remove(p);
-        }
-    }
-    closedir(d);
-    rmdir(tmp_root);
-}
+/* Scratch folders (tests/test_import_scratch.c). */
+extern char import_root[64];
+void import_scratch_setup(void);
+void import_scratch_teardown(void);
 
 /* Run a shell command line; returns the exit status. */
 static int run_cmd(const char *cmd) {
@@ -472,8 +453,8 @@ static void read_small(const char *path, char *buf, size_t cap) {
 /* `tovl run` on a case; the output must pass the same checks. */
 static void run_cli_case(const fx_case *c, const char *bname) {
     char cmd[PATH_MAX_LEN * 6], out[PATH_MAX_LEN], err[PATH_MAX_LEN], msg[4096];
-    snprintf(out, sizeof out, "%s/out.safetensors", tmp_root);
-    snprintf(err, sizeof err, "%s/err.txt", tmp_root);
+    snprintf(out, sizeof out, "%s/out.safetensors", import_root);
+    snprintf(err, sizeof err, "%s/err.txt", import_root);
     snprintf(cmd, sizeof cmd, "'%s' run --backend %s --base '%s' --adapter '%s' --batch '%s' --out '%s' --vocab %u "
              ">/dev/null 2>'%s'", TOVL_CLI, bname, c->base, c->adapter, c->expected, out, c->padded, err);
     int rc = run_cmd(cmd);
@@ -546,11 +527,11 @@ static void cli_all(const char *bname) {
         }
     }
     cr_assert_geq(n, 4);
-    make_tmp();
+    import_scratch_setup();
     for (size_t i = 0; i < n; i++) {
         run_cli_case(&cases[i], bname);
     }
-    remove_tmp();
+    import_scratch_teardown();
 }
 
 Test(cli, run_cpu) { cli_all("cpu"); }
@@ -572,12 +553,12 @@ Test(cli, inspect_json) {
     skip_without_cli();
     fx_case extra[MAX_CASES];
     size_t ne = extra_cases(extra);
-    make_tmp();
+    import_scratch_setup();
     size_t checked = 0;
     for (size_t i = 0; i < ne; i++) {
         const fx_case *c = &extra[i];
         char cmd[PATH_MAX_LEN * 4], out[PATH_MAX_LEN], text[1 << 16];
-        snprintf(out, sizeof out, "%s/inspect.json", tmp_root);
+        snprintf(out, sizeof out, "%s/inspect.json", import_root);
         snprintf(cmd, sizeof cmd, "'%s' inspect '%s' --base '%s' --vocab %u --json >'%s' 2>&1", TOVL_CLI, c->adapter,
                  c->base, c->padded, out);
         cr_assert_eq(run_cmd(cmd), 0, "%s: tovl inspect failed", c->label);
@@ -615,7 +596,7 @@ Test(cli, inspect_json) {
         tovl_backend_close(cpu);
         checked++;
     }
-    remove_tmp();
+    import_scratch_teardown();
     cr_expect_gt(checked, 10);
 }
 
@@ -801,11 +782,11 @@ static void mixed_batch(const char *bname, const char *const *labels) {
 
     /* The same batch through the binary, all adapters in slots 0.. */
     if (strcmp(bname, "cpu") == 0 && access(TOVL_CLI, X_OK) == 0) {
-        make_tmp();
+        import_scratch_setup();
         char batch[PATH_MAX_LEN], out[PATH_MAX_LEN], err[PATH_MAX_LEN], cmd[PATH_MAX_LEN * 12], msg[2048];
-        snprintf(batch, sizeof batch, "%s/batch.safetensors", tmp_root);
-        snprintf(out, sizeof out, "%s/out.safetensors", tmp_root);
-        snprintf(err, sizeof err, "%s/err.txt", tmp_root);
+        snprintf(batch, sizeof batch, "%s/batch.safetensors", import_root);
+        snprintf(out, sizeof out, "%s/out.safetensors", import_root);
+        snprintf(err, sizeof err, "%s/err.txt", import_root);
         int32_t ids32[MIX_T];
         for (uint32_t t = 0; t < m.T; t++) {
             ids32[t] = (int32_t)m.ids[t];
@@ -835,7 +816,7 @@ static void mixed_batch(const char *bname, const char *const *labels) {
         differs = 0;
         mix_compare(&m, what, me, ml, alone_e, alone_l, be_base, bl, &differs);
         cr_expect_gt(differs, 0);
-        remove_tmp();
+        import_scratch_teardown();
     }
     for (uint32_t s = 0; s < m.n; s++) {
         free(alone_e[s]);

@@ -16,52 +16,16 @@
 #include "testutil.h"
 #include "tovl/tovl.h"
 
-static char root[64];
+/* Scratch folders (tests/test_import_scratch.c). */
+extern char import_root[64];
+void import_scratch_setup(void);
+void import_scratch_teardown(void);
+const char *import_path(const char *rel);
+#define P(rel) import_path(rel)
 
-static void rm_tree(const char *path) {
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        return;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        DIR *d = opendir(path);
-        struct dirent *e;
-        char sub[1024];
-        while (d && (e = readdir(d))) {
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
-                rm_tree(sub);
-            }
-        }
-        if (d) {
-            closedir(d);
-        }
-        rmdir(path);
-    } else {
-        remove(path);
-    }
-}
-
-static void setup(void) {
-    snprintf(root, sizeof root, "/tmp/tovl-import-st-XXXXXX");
-    cr_assert(mkdtemp(root), "mkdtemp: %s", strerror(errno));
-}
-
-static void teardown(void) {
-    rm_tree(root);
-}
-
-TestSuite(st, .init = setup, .fini = teardown);
-TestSuite(model, .init = setup, .fini = teardown);
-TestSuite(resolve, .init = setup, .fini = teardown);
-
-static char path_buf[8][1024];
-static int path_next;
-static const char *P(const char *rel) {
-    char *p = path_buf[path_next++ % 8];
-    snprintf(p, 1024, "%s/%s", root, rel);
-    return p;
-}
+TestSuite(st, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(model, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(resolve, .init = import_scratch_setup, .fini = import_scratch_teardown);
 
 static void write_text(const char *rel, const char *text) {
     FILE *f = fopen(P(rel), "w");
