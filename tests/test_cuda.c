@@ -32,17 +32,6 @@ static tovl_backend *open_cuda_or_skip(void) {
     return be;
 }
 
-static bool cuda_compiled(void) {
-    tovl_backend_info info[8];
-    size_t n = tovl_backend_list(info, 8);
-    for (size_t i = 0; i < n && i < 8; i++) {
-        if (strcmp(info[i].name, "cuda") == 0) {
-            return info[i].compiled;
-        }
-    }
-    return false;
-}
-
 /* ------------------------------------------------------------------------ */
 /* No driver                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -56,22 +45,11 @@ Test(cuda, no_driver_means_unavailable_with_a_reason_and_no_output, .init = redi
     snprintf(why, sizeof why, "%s", tovl_last_error());
     cr_assert_gt(strlen(why), 10, "reason: '%s'", why);
     cr_assert_null(strchr(why, '\n'), "one line: '%s'", why);
-    if (cuda_compiled()) {
+    /* A build without nvcc says so; any other must have tried that library. */
+    if (!strstr(why, "not built") && !strstr(why, "without its kernels")) {
         cr_assert_not_null(strstr(why, "/nonexistent/libcuda.so.1 not found"), "reason: '%s'", why);
     }
-    /* The listing says the same, and every other way in is unavailable too. */
-    tovl_backend_info info[8];
-    size_t n = tovl_backend_list(info, 8);
-    bool listed = false;
-    for (size_t i = 0; i < n && i < 8; i++) {
-        if (strcmp(info[i].name, "cuda") == 0) {
-            listed = true;
-            cr_expect_not(info[i].available);
-            cr_expect_gt(strlen(info[i].reason), 10);
-            cr_expect_eq(info[i].device[0], '\0');
-        }
-    }
-    cr_expect(listed, "tovl_backend_list has no cuda entry");
+    /* Every other way in is unavailable too, and leaves *out NULL. */
     static const char ptx[] = ".version 8.0\n.target sm_90\n.address_size 64\n";
     be = (tovl_backend *)&be;
     cr_expect_eq(tovl_cuda_backend_open_image(ptx, sizeof ptx, "ptx", &be), TOVL_ERR_BACKEND_UNAVAILABLE);

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The CUDA part of the GPU run (issue 6), on the H200 machine, from the repo
+# root, with the build in ./build-gpu (scripts/gpu-prepare.sh; TOVL_GPU_BUILD
+# names another tree). Runs:
+#   1. tovl devices: the CUDA backend present, its device and kernels;
+#   2. the CUDA tests: test_cuda (GPU-sized batches against the CPU, a wrapped
+#      context, a module from a file, the timing members), test_cuda_graph
+#      (both hooks captured in a CUDA graph, replays bit-identical) and
+#      test_conform_cuda;
+#   3. tovl conform --backend cuda with a fresh seed and two fixed ones;
+#   4. compute-sanitizer memcheck, racecheck, initcheck and synccheck on the
+#      conformance suite (small tiles) and on test_cuda's GPU-sized batches
+#      (large tiles), each under a time limit;
+#   5. tovl bench --backend cuda (graph-replay and single-launch medians, GB/s,
+#      fraction of the copy bandwidth), then bench/torch_peer.py: the same work
+#      in PyTorch on the same GPU, and both side by side with the goals.
+# Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
+# Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
+# synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
+# TOVL_CUDA_SKIP_TORCH=1 (no PyTorch peer).
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$here" || exit 1
+out=${OUT:-/tmp/tovl-gpu-out}/cuda
+mkdir -p "$out"
+if [ -n "${TOVL_ENV_LIBS:-}" ]; then
+  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+build=${TOVL_GPU_BUILD:-build-gpu}
+tovl=$build/tools/tovl
+fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
+summary=()
+step() { # step NAME COMMAND...: run, keep the log, remember the outcome
+  local name=$1; shift
+  echo "=== cuda/$name: $*"
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ]; then
+    summary+=("TIME  $name (stopped after its time limit; see $name.log)")
+  elif [ $rc -ne 0 ]; then
+    summary+=("FAIL  $name (rc $rc)")
+  elif grep -q '\[SKIP\]' "$out/$name.log"; then
+    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
+  else
+    summary+=("ok    $name")
+  fi
+  tail -n 6 "$out/$name.log"
+}
+
+if [ ! -x "$tovl" ]; then
+  echo "cuda: $tovl was not built (configure and build $build first)"
+  exit 1
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$out/gpu.txt" 2>&1
+
+# 1. The backend is there.
+step devices "$tovl" devices
+if ! grep -qE '^cuda +present' "$out/devices.log"; then
+  summary[${#summary[@]}-1]="FAIL  devices: $(grep -m1 '^cuda' "$out/devices.log")"
+fi
+
+# 2. The CUDA tests (each skips without a GPU: a skip counts as a failure here).
+for t in test_cuda test_cuda_graph test_conform_cuda; do
+  step "$t" env TOVL_TEST_SEED="$fresh_seed" "$build/tests/$t" --verbose --jobs 1
+done
+
+# 3. The conformance suite through the CLI, three seeds.
+for seed in "$fresh_seed" 1 20261129; do
+  step "conform-seed-$seed" "$tovl" conform --backend cuda --seed "$seed" --json "$out/conform-$seed.json"
+done
+
+# 4. Sanitizers. The conformance cases are small (the small lm_head tiles);
+#    test_cuda's batches reach the large tiles. Criterion forks: follow it.
+if command -v compute-sanitizer > /dev/null 2>&1; then
+  for tool in ${TOVL_CUDA_SANITIZERS:-memcheck racecheck initcheck synccheck}; do
+    limit=${TOVL_CUDA_SANITIZER_TIMEOUT:-150}
+    step "sanitizer-$tool-conform" timeout "$limit" \
+      compute-sanitizer --tool "$tool" --error-exitcode 1 "$tovl" conform --backend cuda --seed "$fresh_seed"
+    step "sanitizer-$tool-batches" timeout "$limit" \
+      compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 1 \
+      env TOVL_TEST_SEED="$fresh_seed" "$build/tests/test_cuda" --jobs 1 \
+      --filter 'cuda/hooks_match_the_cpu_on_gpu_sized_batches'
+  done
+else
+  summary+=("FAIL  compute-sanitizer not found")
+fi
+
+# 5. Benchmarks, and the PyTorch peer beside them.
+step bench "$tovl" bench --backend cuda --seed "$fresh_seed" --json "$out/bench.json"
+if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
+  step torch-peer python3 bench/torch_peer.py --seed "$fresh_seed" --json "$out/torch_peer.json" \
+    --tovl-json "$out/bench.json"
+fi
+
+echo
+echo "=== cuda summary (seed $fresh_seed; logs in $out)"
+echo "machine:    $(cat "$out/gpu.txt")"
+grep -m1 '^cuda' "$out/devices.log" | sed 's/^/device:     /'
+for log in "$out"/conform-seed-*.log; do
+  [ -f "$log" ] || continue
+  printf 'conform:    %-24s %s\n' "$(basename "$log" .log)" "$(grep -m1 '^conform:' "$log")"
+done
+for t in test_cuda test_cuda_graph test_conform_cuda; do
+  printf 'tests:      %-24s %s\n' "$t" "$(grep -m1 'Synthesis' "$out/$t.log" 2>/dev/null)"
+done
+for log in "$out"/sanitizer-*.log; do
+  [ -f "$log" ] || continue
+  printf 'sanitizer:  %-30s %s\n' "$(basename "$log" .log)" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")"
+done
+if [ -f "$out/bench.log" ]; then
+  echo "bench (tovl bench --backend cuda):"
+  sed -n '/^kernel /,$p' "$out/bench.log"
+fi
+if [ -f "$out/torch-peer.log" ]; then
+  echo "against PyTorch:"
+  sed -n '/^tovl (/,$p' "$out/torch-peer.log"
+fi
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
