@@ -4,8 +4,6 @@
  */
 #include "cuda_emu.h"
 
-#include <ucontext.h>
-
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -18,17 +16,77 @@
 #include "emu_kernels.h"
 #include "tovl/backend.h"
 
+/* Switching between fibers. On x86-64 a few instructions that save the
+ * callee-saved registers and swap stacks; elsewhere, and under
+ * AddressSanitizer (which must see stack switches), ucontext, whose every
+ * switch also costs a system call for the signal mask. */
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define TOVL_EMU_FAST_SWITCH 1
+extern "C" void tovl_emu_switch(void **save_sp, void *load_sp);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".hidden tovl_emu_switch\n"
+        ".globl tovl_emu_switch\n"
+        ".type tovl_emu_switch, @function\n"
+        "tovl_emu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size tovl_emu_switch, .-tovl_emu_switch\n");
+#else
+#define TOVL_EMU_FAST_SWITCH 0
+#include <ucontext.h>
+#endif
+
 namespace tovl_emu {
 namespace {
 
 constexpr size_t STACK_BYTES = 128 * 1024;
+
+struct Context {
+#if TOVL_EMU_FAST_SWITCH
+    void *sp = nullptr;
+#else
+    ucontext_t uc;
+#endif
+};
+
+/* Make `c` start `entry` (which never returns) on `stack`. */
+void context_start(Context &c, std::vector<char> &stack, void (*entry)()) {
+#if TOVL_EMU_FAST_SWITCH
+    uintptr_t top = ((uintptr_t)stack.data() + stack.size()) & ~(uintptr_t)15;
+    void **sp = (void **)top;
+    *--sp = nullptr;              /* entry's return address: it never returns */
+    *--sp = (void *)entry;        /* where tovl_emu_switch's ret lands */
+    for (int i = 0; i < 6; i++) { /* rbp, rbx, r12..r15 */
+        *--sp = nullptr;
+    }
+    c.sp = sp;
+#else
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack.data();
+    c.uc.uc_stack.ss_size = stack.size();
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+#endif
+}
+
+void context_switch(Context &save, Context &load) {
+#if TOVL_EMU_FAST_SWITCH
+    tovl_emu_switch(&save.sp, load.sp);
+#else
+    swapcontext(&save.uc, &load.uc);
+#endif
+}
 constexpr unsigned WARP = 32;
 constexpr unsigned ALL_LANES = 0xFFFFFFFFu;
 
 enum class State { Ready, Waiting, Done };
 
 struct Fiber {
-    ucontext_t context;
+    Context context;
     std::vector<char> stack;
     emu_dim3 tid;
     unsigned warp = 0, lane = 0;
@@ -56,7 +114,7 @@ struct Launch {
     std::vector<WarpCollective> warps;
     Gate block_gate;
     unsigned done = 0;
-    ucontext_t scheduler;
+    Context scheduler;
     Fiber *current = nullptr;
     std::mt19937_64 order;
     bool failed = false;
@@ -83,13 +141,13 @@ void stop(const char *fmt, ...) {
         L.error = std::string(text) + where;
         L.failed = true;
     }
-    swapcontext(&L.current->context, &L.scheduler);
+    context_switch(L.current->context, L.scheduler);
     abort(); /* never resumed */
 }
 
 void yield() {
     Launch &L = *g_launch;
-    swapcontext(&L.current->context, &L.scheduler);
+    context_switch(L.current->context, L.scheduler);
 }
 
 /* Arrive at `gate` of `expected` fibers and wait for the others. */
@@ -180,11 +238,7 @@ bool run_block() {
     }
     L.done = 0;
     for (Fiber &f : L.fibers) {
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack.data();
-        f.context.uc_stack.ss_size = f.stack.size();
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, fiber_entry, 0);
+        context_start(f.context, f.stack, fiber_entry);
         f.state = State::Ready;
     }
     std::vector<Fiber *> ready;
@@ -208,7 +262,7 @@ bool run_block() {
                 continue;
             }
             L.current = f;
-            swapcontext(&L.scheduler, &f->context);
+            context_switch(L.scheduler, f->context);
             if (L.failed) {
                 return false;
             }

@@ -4,7 +4,9 @@
  * without a GPU: the kernel emulation test checks their logic and dot order
  * bit for bit against the CPU reference, under the conformance suite.
  *
- * Every CUDA thread of a block is a fiber; fibers switch only at barriers and
+ * Every CUDA thread of a block is a fiber (a stack of its own, switched by a
+ * few instructions on x86-64, by ucontext elsewhere or under
+ * AddressSanitizer); fibers switch only at barriers and
  * warp collectives, and after each barrier the waiting fibers resume in a
  * random order, so code that needs a barrier it lacks shows up as a
  * mismatch. A collective or __syncthreads that not every thread (or lane)
