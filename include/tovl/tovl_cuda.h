@@ -1,7 +1,10 @@
 /*
  * The CUDA backend's own entry points (optional header). The backend is also
  * reachable through tovl_backend_open("cuda") (device: TOVL_CUDA_DEVICE, an
- * index, default 0; its primary context).
+ * index, default 0; its primary context). The driver is loaded at run time
+ * from libcuda.so.1, or from the library TOVL_CUDA_DRIVER names (e.g. a
+ * forward-compatibility libcuda); without one the backend is unavailable and
+ * tovl_last_error() says why.
  *
  * No CUDA header is needed: contexts are passed as void *. Streams given to
  * the hooks are CUstreams of the backend's context; NULL is the backend's own
