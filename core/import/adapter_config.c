@@ -128,12 +128,13 @@ static tovl_status parse_tt(const char *path, const cJSON *tti, imp_adapter_conf
         }
         tovl_status st = add_entry(path, cfg, it->string, field.buf, it);
         int module = cfg->tt[cfg->tt_count - 1].module;
-        if (st == TOVL_OK && module < 0) {
+        /* Checked as an index here so the compiler sees seen[] stay in bounds. */
+        bool known = module == TOVL_MODULE_EMBED || module == TOVL_MODULE_LMHEAD;
+        if (st == TOVL_OK && !known) {
             st = tovl_error(TOVL_ERR_UNSUPPORTED,
                             "%s: field '%s': module '%s' is not embed_tokens or lm_head; tovl overlays only those",
                             path, field.buf, it->string);
-        }
-        if (st == TOVL_OK && seen[module]) {
+        } else if (st == TOVL_OK && seen[module == TOVL_MODULE_LMHEAD]) {
             st = tovl_error(TOVL_ERR_FORMAT, "%s: field '%s': a second key for the %s module", path, field.buf,
                             module == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head");
         }
@@ -141,7 +142,7 @@ static tovl_status parse_tt(const char *path, const cJSON *tti, imp_adapter_conf
         if (st != TOVL_OK) {
             return st;
         }
-        seen[module] = true;
+        seen[module == TOVL_MODULE_LMHEAD] = true;
     }
     return TOVL_OK;
 }
