@@ -75,7 +75,8 @@ tovl_status cuda_case_setup(tovl_backend *be, const cuda_scenario *sc, uint64_t 
     hc->kernels = tovl_overlay_kernels_resolve(be);
     tu_rng r = {seed};
     uint32_t *slot_ids = malloc((size_t)sc->slots_used * sc->rows * sizeof *slot_ids);
-    tovl_status st = slot_ids ? build_set(hc, sc, &r, slot_ids) : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "test: host memory");
+    tovl_status st =
+        slot_ids ? build_set(hc, sc, &r, slot_ids) : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "test: host memory");
 
     const size_t T = sc->T, h = sc->h, ld = sc->vocab + 3u;
     uint32_t *token_ids = malloc(T * sizeof *token_ids);

@@ -112,7 +112,8 @@ static tovl_status own_stream_done(cuda_ctx *c, CUresult r, bool pushed, const c
         r = c->drv.cuStreamSynchronize(c->stream);
     }
     ctx_leave(c, pushed);
-    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: %s of %zu bytes", what, bytes);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: %s of %zu bytes", what, bytes);
 }
 
 static tovl_status cuda_upload(void *ctx, tovl_devptr dst, const void *src, size_t bytes) {
@@ -166,17 +167,17 @@ static tovl_kernel cuda_try_kernel(void *ctx, const char *name) {
 static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
                                size_t args_size, void *stream) {
     cuda_ctx *c = ctx;
-    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT || !c->kernels[kernel - 1].fn) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+    tovl_cuda_kernel_id k;
+    tovl_status st = tovl_cuda_check_launch("cuda", kernel, args, args_size, &k);
+    if (st != TOVL_OK) {
+        return st;
     }
-    const tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
-    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda: %s expects %zu bytes of arguments, got %zu",
-                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    if (!c->kernels[k].fn) {
+        return tovl_error(TOVL_ERR_LAUNCH, "cuda: module %s has no %s", c->module_text, tovl_cuda_kernel_names[k]);
     }
     tovl_cuda_launch dims;
-    tovl_status st = c->native ? tovl_cuda_native_launch(k, grid, args, &c->shape, &dims)
-                               : tovl_cuda_foreign_launch(&c->kernels[k].shape, grid, &dims);
+    st = c->native ? tovl_cuda_native_launch(k, grid, args, &c->shape, &dims)
+                   : tovl_cuda_foreign_launch(&c->kernels[k].shape, grid, &dims);
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }
@@ -264,7 +265,8 @@ static tovl_status capture_batch(cuda_ctx *c, launch_work *w, uint32_t batch, CU
     if (r == CUDA_SUCCESS) {
         r = c->drv.cuGraphInstantiateWithFlags(exec, *graph, 0);
     }
-    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: capturing %u launches", batch);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: capturing %u launches", batch);
 }
 
 static tovl_status cuda_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
@@ -464,8 +466,10 @@ static tovl_status describe_device(cuda_ctx *c) {
     int major = 0, minor = 0, sms = 0;
     size_t mem = 0;
     CUresult r = c->drv.cuDeviceGetName(name, (int)sizeof name, c->device);
-    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->device);
-    if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->device);
+    if (r == CUDA_SUCCESS)
+        r = c->drv.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->device);
+    if (r == CUDA_SUCCESS)
+        r = c->drv.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->device);
     if (r == CUDA_SUCCESS) r = c->drv.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c->device);
     if (r == CUDA_SUCCESS) r = c->drv.cuDeviceTotalMem(&mem, c->device);
     if (r != CUDA_SUCCESS) {
@@ -496,7 +500,8 @@ static tovl_status read_global(cuda_ctx *c, const char *name, void *dst, size_t 
     }
     if (r == CUDA_SUCCESS) r = c->drv.cuMemcpyDtoHAsync(dst, p, capacity, c->stream);
     if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
-    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading module global %s", name);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading module global %s", name);
 }
 
 static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
@@ -506,7 +511,8 @@ static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
         *fn = NULL;
         return TOVL_OK;
     }
-    return r == CUDA_SUCCESS ? TOVL_OK : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuModuleGetFunction(%s)", name);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuModuleGetFunction(%s)", name);
 }
 
 static uint32_t blocks_per_sm(cuda_ctx *c, CUfunction fn) {
@@ -657,7 +663,8 @@ static tovl_status cuda_open(tovl_backend **out) {
     return cuda_create(NULL, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
 #else
     *out = NULL;
-    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s", TOVL_CUDA_NO_FATBIN_REASON);
+    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s",
+                      TOVL_CUDA_NO_FATBIN_REASON);
 #endif
 }
 
@@ -674,7 +681,8 @@ tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out) {
 #if TOVL_CUDA_HAVE_FATBIN
     return cuda_create(cu_context, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
 #else
-    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s", TOVL_CUDA_NO_FATBIN_REASON);
+    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s",
+                      TOVL_CUDA_NO_FATBIN_REASON);
 #endif
 }
 

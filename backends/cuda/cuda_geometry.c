@@ -34,6 +34,21 @@ int tovl_cuda_kernel_by_name(const char *name) {
     return -1;
 }
 
+tovl_status tovl_cuda_check_launch(const char *backend, tovl_kernel kernel, const void *args, size_t args_size,
+                                   tovl_cuda_kernel_id *out) {
+    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s: launch of unknown kernel handle %llu", backend,
+                          (unsigned long long)kernel);
+    }
+    const tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
+    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s: %s expects %zu bytes of arguments, got %zu", backend,
+                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    }
+    *out = k;
+    return TOVL_OK;
+}
+
 static uint32_t ceil_div(uint32_t a, uint32_t b) {
     return (uint32_t)(((uint64_t)a + b - 1) / b);
 }

@@ -31,6 +31,11 @@ extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
 /* The kernel of that name, or -1. */
 int tovl_cuda_kernel_by_name(const char *name);
 
+/* The kernel a launch's handle names (handle = id + 1), after checking the
+ * handle and the size of the argument struct; `backend` starts the message. */
+tovl_status tovl_cuda_check_launch(const char *backend, tovl_kernel kernel, const void *args, size_t args_size,
+                                   tovl_cuda_kernel_id *out);
+
 /* What the native lm_head launch needs to know about the device. */
 typedef struct tovl_cuda_device_shape {
     uint32_t sm_count;

@@ -67,17 +67,13 @@ static tovl_status emu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
                               size_t args_size, void *stream) {
     emu_ctx *c = ctx;
     (void)stream;
-    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: launch of unknown kernel handle %llu",
-                          (unsigned long long)kernel);
-    }
-    tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
-    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s expects %zu bytes of arguments, got %zu",
-                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    tovl_cuda_kernel_id k;
+    tovl_status st = tovl_cuda_check_launch("cuda-emu", kernel, args, args_size, &k);
+    if (st != TOVL_OK) {
+        return st;
     }
     tovl_cuda_launch dims;
-    tovl_status st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
+    st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }

@@ -52,8 +52,10 @@ struct LmheadConfig {
     static_assert(WM == 2 || WM == 4, "vector loads of 2 or 4 floats");
 };
 
-using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_LARGE_WM, TOVL_CUDA_LMHEAD_LARGE_WARPS_M, TOVL_CUDA_LMHEAD_LARGE_WARPS_N>;
-using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_SMALL_WM, TOVL_CUDA_LMHEAD_SMALL_WARPS_M, TOVL_CUDA_LMHEAD_SMALL_WARPS_N>;
+using LmheadLarge =
+    LmheadConfig<TOVL_CUDA_LMHEAD_LARGE_WM, TOVL_CUDA_LMHEAD_LARGE_WARPS_M, TOVL_CUDA_LMHEAD_LARGE_WARPS_N>;
+using LmheadSmall =
+    LmheadConfig<TOVL_CUDA_LMHEAD_SMALL_WM, TOVL_CUDA_LMHEAD_SMALL_WARPS_M, TOVL_CUDA_LMHEAD_SMALL_WARPS_N>;
 static_assert(LmheadLarge::BM == TOVL_CUDA_LMHEAD_LARGE_BM && LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN, "shape");
 static_assert(LmheadSmall::BM == TOVL_CUDA_LMHEAD_SMALL_BM && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
