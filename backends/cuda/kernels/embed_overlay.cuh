@@ -21,21 +21,24 @@ TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(t
     if (t >= args.T) {
         return;
     }
+    /* Independent loads side by side: the lookup is a chain of three. */
     const int32_t s = row_slot(args.token_slots, args.active_slot, t);
-    if (!slot_valid(s, args.max_loras)) {
+    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
+    if (!slot_valid(s, args.max_loras) || id >= args.vocab) {
         return;
     }
     const uint64_t slot_map = ldg(ptr<const uint64_t>(args.slot_map_table) + s);
-    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
-    if (slot_map == 0 || id >= args.vocab) {
+    const uint32_t n = ldg(ptr<const uint32_t>(args.n_table) + s);
+    const uint64_t rows = ldg(ptr<const uint64_t>(args.rows_table) + s);
+    if (slot_map == 0) {
         return;
     }
     const int32_t j = ldg(ptr<const int32_t>(slot_map) + id);
-    if (j < 0 || (uint32_t)j >= ldg(ptr<const uint32_t>(args.n_table) + s)) {
+    if (j < 0 || (uint32_t)j >= n) {
         return;
     }
     const uint32_t h = args.h;
-    const uint16_t *src = ptr<const uint16_t>(ldg(ptr<const uint64_t>(args.rows_table) + s)) + (size_t)j * h;
+    const uint16_t *src = ptr<const uint16_t>(rows) + (size_t)j * h;
     uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
 
     uint32_t head = bf16_to_16b_boundary(dst);
