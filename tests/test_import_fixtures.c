@@ -311,7 +311,7 @@ static void run_lib_case(tovl_backend *be, const tovl_overlay_kernels *k, const 
     cr_assert_eq(tovl_embed_hook(set, k, &ea, NULL), TOVL_OK, "%s", tovl_last_error());
     cr_assert_eq(tovl_synchronize(be, NULL), TOVL_OK);
     cr_assert_eq(tovl_download(be, host, d_embed, total * 2u), TOVL_OK);
-    snprintf(what, sizeof what, "%s on %s", c->label, bname);
+    snprintf(what, sizeof what, "%.320s on %.32s", c->label, bname);
     expect_guards(what, host, total, GUARD, GUARD + body);
     check_embed(what, &e, host + GUARD, d, &n);
 
@@ -353,7 +353,7 @@ static void run_lib_case(tovl_backend *be, const tovl_overlay_kernels *k, const 
         cr_assert_eq(tovl_lmhead_hook(set, k, &la, NULL), TOVL_OK, "%s", tovl_last_error());
         cr_assert_eq(tovl_synchronize(be, NULL), TOVL_OK);
         cr_assert_eq(tovl_download(be, lhost, d_logits, ltotal * elem), TOVL_OK);
-        snprintf(what, sizeof what, "%s on %s, %s logits", c->label, bname, pass == 0 ? "bf16" : "f32");
+        snprintf(what, sizeof what, "%.320s on %.32s, %s logits", c->label, bname, pass == 0 ? "bf16" : "f32");
         /* Guards and the ld padding columns keep their poison. */
         for (size_t i = 0; i < ltotal * elem / 4u; i++) {
             size_t byte = i * 4u;
@@ -487,7 +487,7 @@ static void run_cli_case(const fx_case *c, const char *bname) {
     memcpy(eg, embed->data, (size_t)embed->count * 2u);
     memcpy(lg, logits->data, (size_t)logits->count * 2u);
     char what[512];
-    snprintf(what, sizeof what, "%s through 'tovl run --backend %s'", c->label, bname);
+    snprintf(what, sizeof what, "%.320s through 'tovl run --backend %.32s'", c->label, bname);
     counts n = {0};
     const tovl_overlay_desc *d = &tovl_adapter_rows_get_info(rows)->desc;
     check_embed(what, &e, eg, d, &n);
