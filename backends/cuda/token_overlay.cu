@@ -17,5 +17,5 @@
 /* Marks a module as this port's, so the host launches it with this port's
  * shapes (see launch_shape.h). */
 #if !defined(TOVL_CUDA_EMU)
-extern "C" __device__ const unsigned int tovl_cuda_port_abi = TOVL_CUDA_PORT_ABI;
+extern "C" __device__ unsigned int tovl_cuda_port_abi = TOVL_CUDA_PORT_ABI;
 #endif
