@@ -84,6 +84,10 @@ static const char *w_device(void *ctx) {
     tu_wrap *w = ctx;
     return INNER(w)->device(INNER_CTX(w));
 }
+static const char *w_property(void *ctx, const char *key) {
+    tu_wrap *w = ctx;
+    return INNER(w)->property ? INNER(w)->property(INNER_CTX(w), key) : NULL;
+}
 static tovl_status w_alloc(void *ctx, size_t bytes, tovl_devptr *out) {
     tu_wrap *w = ctx;
     w->alloc_calls++;
@@ -112,11 +116,17 @@ static tovl_status w_upload(void *ctx, tovl_devptr dst, const void *src, size_t 
 static tovl_status w_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
     tu_wrap *w = ctx;
     w->downloads++;
+    if (w->fail_download_at > 0 && w->downloads == w->fail_download_at) {
+        return tovl_error(TOVL_ERR_DEVICE, "test: injected download failure");
+    }
     return INNER(w)->download(INNER_CTX(w), dst, src, bytes);
 }
 static tovl_status w_fill(void *ctx, tovl_devptr dst, uint32_t pattern, size_t bytes) {
     tu_wrap *w = ctx;
     w->fills++;
+    if (w->fail_fill_at > 0 && w->fills == w->fail_fill_at) {
+        return tovl_error(TOVL_ERR_DEVICE, "test: injected fill failure");
+    }
     return INNER(w)->fill_u32(INNER_CTX(w), dst, pattern, bytes);
 }
 static tovl_kernel w_try_kernel(void *ctx, const char *name) {
@@ -147,12 +157,19 @@ static tovl_status w_launch(void *ctx, tovl_kernel k, const uint32_t grid[3], co
 static tovl_status w_sync(void *ctx, void *stream) {
     tu_wrap *w = ctx;
     w->syncs++;
+    if (w->fail_sync_at > 0 && w->syncs == w->fail_sync_at) {
+        return tovl_error(TOVL_ERR_DEVICE, "test: injected synchronize failure");
+    }
     return INNER(w)->synchronize(INNER_CTX(w), stream);
 }
 
 tovl_backend *tu_wrap_cpu(tu_wrap **wrap) {
+    return tu_wrap_open("cpu", wrap);
+}
+
+tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap) {
     tu_wrap *w = calloc(1, sizeof *w);
-    if (!w || tovl_backend_open("cpu", &w->inner) != TOVL_OK) {
+    if (!w || tovl_backend_open(name, &w->inner) != TOVL_OK) {
         free(w);
         return NULL;
     }
@@ -161,6 +178,7 @@ tovl_backend *tu_wrap_cpu(tu_wrap **wrap) {
         .name = "wrap",
         .destroy = w_destroy,
         .device = w_device,
+        .property = w_property,
         .alloc = w_alloc,
         .free = w_free,
         .upload = w_upload,

@@ -36,10 +36,15 @@ typedef struct tu_wrap {
     /* When set, replaces the inner launch (mutation tests). */
     tovl_status (*launch_override)(struct tu_wrap *w, tovl_kernel k, const uint32_t grid[3], const void *args,
                                    size_t size, void *stream);
+    /* More injection points (0 = never), counted by downloads, syncs, fills. */
+    long fail_download_at, fail_sync_at, fail_fill_at;
 } tu_wrap;
 
 /* Opens a CPU backend wrapped; *wrap points at the counters (owned by the backend). */
 tovl_backend *tu_wrap_cpu(tu_wrap **wrap);
+/* The same around any backend by name ("vulkan", ...); NULL when it does not
+ * open (tovl_last_error() says why). */
+tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap);
 /* Live device allocations (allocs - frees). */
 long tu_live(const tu_wrap *w);
 
