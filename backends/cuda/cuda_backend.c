@@ -658,14 +658,21 @@ static tovl_status cuda_create(CUcontext wrap_context, const void *image, size_t
     return tovl_backend_create(&cuda_iface, c, out);
 }
 
-static tovl_status cuda_open(tovl_backend **out) {
+/* On `context` (NULL: the TOVL_CUDA_DEVICE device's primary context) with the
+ * embedded fatbin, when this build has one. */
+static tovl_status open_embedded(CUcontext context, tovl_backend **out) {
 #if TOVL_CUDA_HAVE_FATBIN
-    return cuda_create(NULL, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
+    return cuda_create(context, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
 #else
+    (void)context;
     *out = NULL;
     return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s",
                       TOVL_CUDA_NO_FATBIN_REASON);
 #endif
+}
+
+static tovl_status cuda_open(tovl_backend **out) {
+    return open_embedded(NULL, out);
 }
 
 const tovl_backend_factory tovl_cuda_backend_factory = {"cuda", cuda_open};
@@ -678,12 +685,7 @@ tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out) {
     if (!cu_context) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_cuda_backend_wrap: cu_context is NULL");
     }
-#if TOVL_CUDA_HAVE_FATBIN
-    return cuda_create(cu_context, tovl_cuda_fatbin, 0, "embedded fatbin (" TOVL_CUDA_FATBIN_TARGETS ")", out);
-#else
-    return tovl_error(TOVL_ERR_BACKEND_UNAVAILABLE, "cuda backend built without its kernels: %s",
-                      TOVL_CUDA_NO_FATBIN_REASON);
-#endif
+    return open_embedded(cu_context, out);
 }
 
 tovl_status tovl_cuda_backend_open_image(const void *image, size_t size, const char *label, tovl_backend **out) {
