@@ -53,9 +53,15 @@ static int cmp_case(const void *a, const void *b) {
     return strcmp(((const fx_case *)a)->label, ((const fx_case *)b)->label);
 }
 
+/* Where the shared fixtures are: TOVL_PEFT_FIXTURES, else ../shared beside the source. */
+static const char *shared_dir(void) {
+    const char *env = getenv("TOVL_PEFT_FIXTURES");
+    return env && *env ? env : TOVL_SHARED_FIXTURES;
+}
+
 /* The shared fixtures: every folder with base/, adapter/ and expected.safetensors. */
 static size_t shared_cases(fx_case *out) {
-    DIR *d = opendir(TOVL_SHARED_FIXTURES);
+    DIR *d = opendir(shared_dir());
     if (!d) {
         return 0;
     }
@@ -67,9 +73,9 @@ static size_t shared_cases(fx_case *out) {
             continue;
         }
         snprintf(c->label, sizeof c->label, "shared/%s", e->d_name);
-        snprintf(c->base, sizeof c->base, "%s/%s/base", TOVL_SHARED_FIXTURES, e->d_name);
-        snprintf(c->adapter, sizeof c->adapter, "%s/%s/adapter", TOVL_SHARED_FIXTURES, e->d_name);
-        snprintf(c->expected, sizeof c->expected, "%s/%s/expected.safetensors", TOVL_SHARED_FIXTURES, e->d_name);
+        snprintf(c->base, sizeof c->base, "%s/%s/base", shared_dir(), e->d_name);
+        snprintf(c->adapter, sizeof c->adapter, "%s/%s/adapter", shared_dir(), e->d_name);
+        snprintf(c->expected, sizeof c->expected, "%s/%s/expected.safetensors", shared_dir(), e->d_name);
         c->padded = 0;
         if (is_dir(c->base) && is_dir(c->adapter) && access(c->expected, R_OK) == 0) {
             n++;
@@ -407,7 +413,8 @@ static void run_all(const char *bname, bool shared) {
     fx_case cases[MAX_CASES];
     size_t n = shared ? shared_cases(cases) : extra_cases(cases);
     if (shared && n == 0) {
-        cr_skip_test("no PEFT fixtures at %s (a copy of shared/ beside the repo)", TOVL_SHARED_FIXTURES);
+        cr_skip_test("no PEFT fixtures at %s (a copy of shared/ beside the repo, or TOVL_PEFT_FIXTURES)",
+                     shared_dir());
     }
     tovl_backend *be = open_or_skip(bname);
     tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
