@@ -4,7 +4,8 @@
 # HIP-on-CUDA test image), the Vulkan loader packages in .gl/ and the shared
 # libraries the test binaries need in .gpulibs/ (the GPU image has no package
 # registry). Then, with the device tool:
-#   run: bash scripts/gpu-suite.sh      carry: .gl .gpulibs build-gpu
+#   run: bash scripts/gpu-suite.sh check      carry: .gl .gpulibs .gpubuild
+#   run: bash scripts/gpu-suite.sh sanitize   carry: .gl .gpulibs .gpubuild
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -12,10 +13,17 @@ export PATH="/usr/local/cuda/bin:$PATH"
 scripts/setup-debian.sh
 grep -qx '/.gl/' .git/info/exclude 2>/dev/null || echo '/.gl/' >> .git/info/exclude
 grep -qx '/.gpulibs/' .git/info/exclude 2>/dev/null || echo '/.gpulibs/' >> .git/info/exclude
+grep -qx '/.gpubuild/' .git/info/exclude 2>/dev/null || echo '/.gpubuild/' >> .git/info/exclude
 
-# 1. The build (paths inside it are absolute; gpu-suite.sh links them back).
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_FUZZERS=OFF
-cmake --build build-gpu -j "$(nproc)"
+# 1. The build, of what is committed (HEAD), in a clean copy so work in
+#    progress never reaches the GPU run; then moved here to be carried. Paths
+#    inside it are absolute; gpu-suite.sh links them back on the GPU machine.
+src=/tmp/tovl-gpu-src
+rm -rf "$src" && mkdir -p "$src"
+git archive HEAD | tar -x -C "$src"
+cmake -S "$src" -B "$src/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_FUZZERS=OFF
+cmake --build "$src/build-gpu" -j "$(nproc)"
+rm -rf build-gpu && cp -a "$src/build-gpu" build-gpu
 
 # 2. The Vulkan loader (the GPU image has the NVIDIA ICD but no loader).
 if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
@@ -40,5 +48,10 @@ if [ -f /usr/lib/x86_64-linux-gnu/libVkLayer_khronos_validation.so ]; then
   sed 's#"library_path": "[^"]*"#"library_path": "../libVkLayer_khronos_validation.so"#' \
     /usr/share/vulkan/explicit_layer.d/VkLayer_khronos_validation.json > .gpulibs/layers/VkLayer_khronos_validation.json
 fi
-du -sh build-gpu .gl .gpulibs
-echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh' on the GPU machine carrying .gl .gpulibs build-gpu"
+# 4. The build, packed: the device tool carries at most 64 MiB, and every test
+#    binary embeds the same fatbin and code-object bundle, which xz folds.
+(cd build-gpu && find . -name '*.o' -delete && rm -f backends/cuda/*_fatbin.c backends/hip/*_bundle.c libtovl.a &&
+  find . -type f \( -name 'test_*' -o -name 'tovl' -o -name 'tovl-*' -o -name 'libtovl.so*' \) -exec strip --strip-debug {} + 2>/dev/null || true)
+mkdir -p .gpubuild && tar -cJf .gpubuild/build-gpu.tar.xz build-gpu
+du -sh .gpubuild .gl .gpulibs
+echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh check' (then 'sanitize') on the GPU machine carrying .gl .gpulibs .gpubuild"

@@ -5,13 +5,26 @@
 # writes its logs as one archive, $OUT/gpu-logs.tar.gz (the device tool
 # brings back only a few files), plus $OUT/summary.txt. Prepare with
 # scripts/gpu-prepare.sh first.
+#
+#   bash scripts/gpu-suite.sh [all|check|sanitize]
+# check: tests, conformance, each backend's GPU part and benchmarks, no
+# sanitizers (about 5 minutes); sanitize: compute-sanitizer's four tools on the
+# CUDA conformance suite and on the HIP port's run (about 8 minutes); all: both
+# (longer than one 10-minute device call).
 set -uo pipefail
+phase=${1:-all}
+case "$phase" in all|check|sanitize) ;; *) echo "usage: gpu-suite.sh [all|check|sanitize]"; exit 2;; esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 final_out=${OUT:-/tmp/tovl-gpu-out}
 export OUT=/tmp/tovl-gpu-logs
 rm -rf "$OUT"
 mkdir -p "$OUT" "$final_out"
 cd "$here"
+
+# The build, packed by gpu-prepare.sh.
+if [ -f .gpubuild/build-gpu.tar.xz ]; then
+  rm -rf build-gpu && tar -xJf .gpubuild/build-gpu.tar.xz
+fi
 
 # The Vulkan loader, unpacked into / (as the device README says), and the
 # NVIDIA ICD.
@@ -22,10 +35,19 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
 fi
 export VK_LAYER_PATH="$here/.gpulibs/layers"
 
-# The build tree holds absolute paths of the machine that built it.
+# The build tree holds absolute paths of the machine that built it: its
+# source folder and the build folder itself; point both back here. A copy of
+# shared/ carried as .shared stands in for the ../shared beside the source.
 built_in=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' build-gpu/CMakeCache.txt)
+build_in=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' build-gpu/CMakeCache.txt)
 if [ -n "$built_in" ] && [ "$built_in" != "$here" ] && [ ! -e "$built_in" ]; then
   mkdir -p "$(dirname "$built_in")" && ln -s "$here" "$built_in"
+fi
+if [ -n "$build_in" ] && [ ! -e "$build_in" ]; then
+  mkdir -p "$(dirname "$build_in")" && ln -s "$here/build-gpu" "$build_in"
+fi
+if [ -d .shared ] && [ -n "$built_in" ] && [ ! -e "$(dirname "$built_in")/shared" ]; then
+  ln -s "$here/.shared" "$(dirname "$built_in")/shared"
 fi
 tovl_env() { LD_LIBRARY_PATH="$here/.gpulibs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
 
@@ -37,16 +59,35 @@ step() { # step NAME COMMAND...: run, log, remember the result
   tail -n 25 "$OUT/$name.log"
 }
 
+if [ "$phase" = check ]; then
+  export TOVL_CUDA_SANITIZERS=none TOVL_HIP_SANITIZERS=none
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 step devices tovl_env build-gpu/tools/tovl devices
-step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4
-step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json"
-for part in scripts/gpu/*.sh; do
-  [ -f "$part" ] || continue
-  name=$(basename "$part" .sh)
-  step "gpu-$name" env TOVL_ENV_LIBS="$here/.gpulibs" bash "$part"
-done
+if [ "$phase" != sanitize ]; then
+  step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4
+  step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json"
+  for part in scripts/gpu/*.sh; do
+    [ -f "$part" ] || continue
+    name=$(basename "$part" .sh)
+    step "gpu-$name" env TOVL_ENV_LIBS="$here/.gpulibs" bash "$part"
+  done
+fi
+if [ "$phase" != check ]; then
+  seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
+  for tool in memcheck racecheck initcheck synccheck; do
+    step "sanitize-cuda-$tool" tovl_env timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      build-gpu/tools/tovl conform --backend cuda --seed "$seed"
+  done
+  if [ -x build-gpu/tests/test_hip_on_cuda ]; then
+    for tool in memcheck racecheck; do
+      step "sanitize-hip-on-cuda-$tool" tovl_env timeout 120 compute-sanitizer --tool "$tool" \
+        --target-processes all --error-exitcode 1 env TOVL_TEST_SEED="$seed" build-gpu/tests/test_hip_on_cuda --jobs 1
+    done
+  fi
+  grep -h -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT"/sanitize-*.log | sort | uniq -c
+fi
 
 {
   echo "=== summary ($(date -u +%FT%TZ), $(head -2 "$OUT/gpu.txt" | tail -1))"

@@ -59,6 +59,7 @@ done
 # 2. Sanitizers (Criterion forks each test: follow the children).
 if command -v compute-sanitizer > /dev/null 2>&1; then
   for tool in ${TOVL_HIP_SANITIZERS:-memcheck racecheck}; do
+    [ "$tool" = none ] && continue # the suite runs sanitizers in a phase of their own
     step "sanitizer-$tool" timeout "${TOVL_HIP_SANITIZER_TIMEOUT:-150}" \
       compute-sanitizer --tool "$tool" --target-processes all --error-exitcode 1 \
       env TOVL_TEST_SEED="$fresh_seed" "$test_bin" --verbose
