@@ -26,11 +26,11 @@ cmake --build "$src/build-gpu" -j "$(nproc)"
 rm -rf build-gpu && cp -a "$src/build-gpu" build-gpu
 
 # 2. The Vulkan loader (the GPU image has the NVIDIA ICD but no loader).
-if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then
   mkdir -p .gl /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update -qq
-  (cd .gl && apt-get $o download libvulkan1 >/dev/null)
+  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 >/dev/null)
 fi
 
 # 3. Shared libraries of our binaries that the GPU image may lack.
