@@ -19,33 +19,9 @@
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
 # TOVL_CUDA_SKIP_TORCH=1 (no PyTorch peer).
 set -uo pipefail
-here=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$here" || exit 1
-out=${OUT:-/tmp/tovl-gpu-out}/cuda
-mkdir -p "$out"
-if [ -n "${TOVL_ENV_LIBS:-}" ]; then
-  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-build=${TOVL_GPU_BUILD:-build-gpu}
+part=cuda step_tail=6
+source "$(dirname "$0")/../lib/gpu-part.sh"
 tovl=$build/tools/tovl
-fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
-summary=()
-step() { # step NAME COMMAND...: run, keep the log, remember the outcome
-  local name=$1; shift
-  echo "=== cuda/$name: $*"
-  "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ]; then
-    summary+=("TIME  $name (stopped after its time limit; see $name.log)")
-  elif [ $rc -ne 0 ]; then
-    summary+=("FAIL  $name (rc $rc)")
-  elif grep -q '\[SKIP\]' "$out/$name.log"; then
-    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
-  else
-    summary+=("ok    $name")
-  fi
-  tail -n 6 "$out/$name.log"
-}
 
 if [ ! -x "$tovl" ]; then
   echo "cuda: $tovl was not built (configure and build $build first)"

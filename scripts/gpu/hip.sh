@@ -14,33 +14,9 @@
 # also work) and TOVL_HIP_SANITIZER_TIMEOUT (seconds per tool, default 150)
 # bound step 2; a tool stopped by its limit is reported as TIME, not as a pass.
 set -uo pipefail
-here=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$here" || exit 1
-out=${OUT:-/tmp/tovl-gpu-out}/hip
-mkdir -p "$out"
-if [ -n "${TOVL_ENV_LIBS:-}" ]; then
-  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-build=${TOVL_GPU_BUILD:-build-gpu}   # another tree only for a local dry run
+part=hip step_tail=8
+source "$(dirname "$0")/../lib/gpu-part.sh"
 test_bin=$build/tests/test_hip_on_cuda
-fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
-summary=()
-step() { # step NAME COMMAND...: run, keep the log, remember the outcome
-  local name=$1; shift
-  echo "=== hip/$name: $*"
-  "$@" > "$out/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 124 ]; then
-    summary+=("TIME  $name (stopped after its time limit; see $name.log)")
-  elif [ $rc -ne 0 ]; then
-    summary+=("FAIL  $name (rc $rc)")
-  elif grep -q '\[SKIP\]' "$out/$name.log"; then
-    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
-  else
-    summary+=("ok    $name")
-  fi
-  tail -n 8 "$out/$name.log"
-}
 
 if [ ! -x "$test_bin" ]; then
   echo "hip: $test_bin was not built (it needs nvcc and the CUDA backend in $build)"

@@ -10,25 +10,12 @@
 #      and `tovl bench --backend vulkan` once that command exists.
 # Logs go to $OUT (default /tmp/tovl-gpu-out/vulkan); a summary prints last.
 set -uo pipefail
-here=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$here"
-out=${OUT:-/tmp/tovl-gpu-out}/vulkan
-mkdir -p "$out"
-if [ -n "${TOVL_ENV_LIBS:-}" ]; then
-  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+part=vulkan step_tail=15 step_skip_ok=1   # the Vulkan part judges its tests by status only
+source "$(dirname "$0")/../lib/gpu-part.sh"
 export TOVL_REQUIRE_VULKAN=1
-build=${TOVL_GPU_BUILD:-build-gpu}   # another tree only for a local dry run
 tovl=$build/tools/tovl
 bench=$build/backends/vulkan/tovl-overlay-bench
-seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
-summary=()
-step() { # step NAME COMMAND...: run, keep the log, remember the outcome
-  local name=$1; shift
-  echo "=== vulkan/$name: $*"
-  if "$@" > "$out/$name.log" 2>&1; then summary+=("ok    $name"); else summary+=("FAIL  $name (rc $?)"); fi
-  tail -n 15 "$out/$name.log"
-}
+seed=$fresh_seed
 
 step devices "$tovl" devices
 if ! grep -q '^vulkan  *present' "$out/devices.log"; then

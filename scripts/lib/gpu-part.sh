@@ -1,0 +1,35 @@
+# Shared by the GPU-run parts (scripts/gpu/<part>.sh), sourced after setting
+# `part` (cuda, hip, vulkan). Sets: here (repo root, the working directory),
+# out ($OUT/<part>), build (TOVL_GPU_BUILD or build-gpu), fresh_seed, summary
+# (the outcome lines), and step().
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$here" || exit 1
+out=${OUT:-/tmp/tovl-gpu-out}/$part
+mkdir -p "$out"
+if [ -n "${TOVL_ENV_LIBS:-}" ]; then
+  export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+build=${TOVL_GPU_BUILD:-build-gpu}   # another tree only for a local dry run
+fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
+summary=()
+
+# step NAME COMMAND...: run, keep the log as $out/NAME.log, remember the
+# outcome: TIME when `timeout` stopped it (rc 124), FAIL on a non-zero status,
+# and FAIL when a Criterion test skipped unless step_skip_ok=1 (on the GPU
+# machine a GPU test must run). Prints the log's last step_tail lines.
+step() {
+  local name=$1; shift
+  echo "=== $part/$name: $*"
+  "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ]; then
+    summary+=("TIME  $name (stopped after its time limit; see $name.log)")
+  elif [ $rc -ne 0 ]; then
+    summary+=("FAIL  $name (rc $rc)")
+  elif [ "${step_skip_ok:-0}" != 1 ] && grep -q '\[SKIP\]' "$out/$name.log"; then
+    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
+  else
+    summary+=("ok    $name")
+  fi
+  tail -n "${step_tail:-8}" "$out/$name.log"
+}
