@@ -1,5 +1,35 @@
-# Hardening tests (issue 4): fault injection through a wrapping backend, and
-# hostile batches on every backend present. Included by tests/CMakeLists.txt.
+# Hardening tests (issue 4): fault injection through a wrapping backend,
+# hostile batches on every backend present, and a check that docs/API.md lists
+# every public function. Included by tests/CMakeLists.txt; also run as a script
+# (cmake -DINCLUDE_DIR=... -DDOC=... -P hardening.cmake) by that last check.
+
+if(CMAKE_SCRIPT_MODE_FILE)
+  # Every TOVL_API function declared in include/tovl/*.h must appear in the doc.
+  file(GLOB headers ${INCLUDE_DIR}/tovl/*.h)
+  file(READ ${DOC} doc)
+  set(missing "")
+  set(count 0)
+  foreach(h ${headers})
+    file(READ ${h} text)
+    string(REGEX MATCHALL "TOVL_API[^;(]*[ *]tovl_[a-z0-9_]+\\(" decls "${text}")
+    foreach(d ${decls})
+      string(REGEX REPLACE ".*[ *](tovl_[a-z0-9_]+)\\($" "\\1" name "${d}")
+      math(EXPR count "${count} + 1")
+      string(FIND "${doc}" "${name}(" at)
+      if(at EQUAL -1)
+        list(APPEND missing ${name})
+      endif()
+    endforeach()
+  endforeach()
+  if(count EQUAL 0)
+    message(FATAL_ERROR "no TOVL_API function found under ${INCLUDE_DIR}: the check is broken")
+  endif()
+  if(missing)
+    message(FATAL_ERROR "${DOC} does not document: ${missing}")
+  endif()
+  message(STATUS "${DOC}: all ${count} public functions documented")
+  return()
+endif()
 
 # Adapter import is driven through fault injection when core/import is part of
 # this build (it defines tovl_adapter_build_overlay); otherwise that test skips
@@ -18,6 +48,9 @@ endif()
 tovl_add_test(test_faults test_faults.c)
 target_compile_definitions(test_faults PRIVATE TOVL_TEST_HAVE_IMPORT=${tovl_test_have_import})
 tovl_add_test(test_hostile test_hostile.c)
+add_test(NAME test_api_doc_lists_every_function
+  COMMAND ${CMAKE_COMMAND} -DINCLUDE_DIR=${PROJECT_SOURCE_DIR}/include -DDOC=${PROJECT_SOURCE_DIR}/docs/API.md
+          -P ${CMAKE_CURRENT_LIST_FILE})
 
 # Sanitizer builds (the "asan" preset): every test of this directory runs with
 # the sanitizers' options, wherever ctest is started from. Deferred to the end
