@@ -28,6 +28,8 @@ if [ -z "$build" ]; then
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_TESTS=OFF >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log"; die "configure"; }
 fi
+[ -f "$build/CMakeCache.txt" ] || die "$build is not a configured build tree"
+build=$(cd "$build" && pwd) # absolute: it is also searched for in the installed files
 step "building $build"
 cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; die "build"; }
 
@@ -57,10 +59,21 @@ soname=$(objdump -p "$libdir/libtovl.so" | awk '/SONAME/ {print $2}')
 exported=$(nm -D --defined-only "$libdir/libtovl.so" | awk '$2 ~ /[TDRB]/ {print $3}')
 stray=$(echo "$exported" | grep -v '^tovl_' | grep -v '^_' || true)
 [ -z "$stray" ] || die "libtovl.so exports non-tovl symbols: $(echo $stray | head -c 300)"
-echo "$exported" | grep -qx tovl_embed_hook || die "libtovl.so does not export tovl_embed_hook"
-step "installed: $(cd "$prefix" && find . -type f | wc -l) files, SONAME $soname, $(echo "$exported" | wc -l) exported symbols"
-
+# Every function the installed headers declare is exported (a backend's own
+# header only when that backend is compiled in).
 "$prefix/bin/tovl" devices >"$work/devices.txt" 2>&1 || { cat "$work/devices.txt"; die "installed tovl devices"; }
+declared=0
+for h in "$prefix"/include/tovl/*.h; do
+  b=$(basename "$h" .h); b=${b#tovl_}
+  if grep -q "^$b .*$b backend not built" "$work/devices.txt"; then continue; fi
+  for fn in $(sed -n 's/^TOVL_API[^(]*[ *]\(tovl_[a-z0-9_]*\)(.*/\1/p' "$h"); do
+    declared=$((declared + 1))
+    echo "$exported" | grep -qx "$fn" || die "$(basename "$h") declares $fn but libtovl.so does not export it"
+  done
+done
+[ "$declared" -gt 40 ] || die "found only $declared TOVL_API declarations: the check is broken"
+step "installed: $(cd "$prefix" && find . -type f | wc -l) files, SONAME $soname, $(echo "$exported" | wc -l) exported symbols, all $declared declared ones"
+
 grep -q '^cpu *present' "$work/devices.txt" || { cat "$work/devices.txt"; die "installed CLI does not list cpu"; }
 
 step "route 1: CMake find_package(tovl)"
