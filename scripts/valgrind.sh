@@ -5,7 +5,9 @@
 # (TOVL_TEST_BACKENDS=cpu, no Vulkan ICD). Criterion runs each test in a child
 # process, and a child's valgrind exit status does not reach the test's
 # verdict, so every process writes its own log and each log's ERROR SUMMARY
-# and leak summary is checked here.
+# and leak summary is checked here (a log without one, from a process that was
+# killed, fails too). Programs the tests start (the tovl CLI through /bin/sh)
+# are traced as well.
 #
 # Usage: scripts/valgrind.sh [BUILD_DIR] [TEST_REGEX]
 #   BUILD_DIR   a configured, non-sanitizer build (default: build, the default preset)
@@ -24,6 +26,7 @@ command -v valgrind >/dev/null || { echo "valgrind: not installed (apt-get insta
 cmake --build "$build" -j "${JOBS:-2}" >/dev/null
 rm -rf "$logs"
 mkdir -p "$logs"
+logs=$(cd "$logs" && pwd) # absolute: tests and the programs they start change directory
 
 # name<TAB>command... for every test whose program lives in the build tree.
 mapfile -t tests < <(ctest --test-dir "$build" -N --show-only=json-v1 | python3 -c '
@@ -48,7 +51,7 @@ for line in "${tests[@]}"; do
   TOVL_TEST_BACKENDS=cpu VK_ICD_FILENAMES=/dev/null \
     valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite,indirect,possible \
       --errors-for-leak-kinds=definite,indirect,possible --error-exitcode=1 \
-      --suppressions=scripts/valgrind.supp --trace-children=yes --trace-children-skip='/usr/*,/bin/*' \
+      --suppressions="$PWD/scripts/valgrind.supp" --trace-children=yes \
       --log-file="$logs/$name/%p.log" "${cmd[@]}" >"$logs/$name/output.txt" 2>&1
   rc=$?
   set -e
