@@ -32,18 +32,40 @@
 
 /* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): 8 warps, each
  * 4 rows x 4 overlay rows, as 2 x 4 warps: tiles of 8 x 16. */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_WM
 #define TOVL_CUDA_LMHEAD_LARGE_WM 4
+#endif
+#ifndef TOVL_CUDA_LMHEAD_LARGE_WARPS_M
 #define TOVL_CUDA_LMHEAD_LARGE_WARPS_M 2
+#endif
+#ifndef TOVL_CUDA_LMHEAD_LARGE_WARPS_N
 #define TOVL_CUDA_LMHEAD_LARGE_WARPS_N 4
+#endif
+/* Steps (256 elements of each of the tile's rows) whose loads are in flight;
+ * each costs JOBS * WM registers per thread. Measured on the H200 (docs/
+ * PERFORMANCE.md, lm_head tuning log): 2 is 2% faster than 1 for the large
+ * tiles; deeper, or deeper for the small tiles, is no faster. */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_PREFETCH
+#define TOVL_CUDA_LMHEAD_LARGE_PREFETCH 2
+#endif
 #define TOVL_CUDA_LMHEAD_LARGE_BM (TOVL_CUDA_LMHEAD_LARGE_WM * TOVL_CUDA_LMHEAD_LARGE_WARPS_M)
 #define TOVL_CUDA_LMHEAD_LARGE_BN (TOVL_CUDA_LMHEAD_LARGE_WM * TOVL_CUDA_LMHEAD_LARGE_WARPS_N)
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
  * for small batches, where more and smaller tiles keep every SM busy: 8 warps
  * of 2 x 2, as 2 x 4 warps: tiles of 4 x 8. */
+#ifndef TOVL_CUDA_LMHEAD_SMALL_WM
 #define TOVL_CUDA_LMHEAD_SMALL_WM 2
+#endif
+#ifndef TOVL_CUDA_LMHEAD_SMALL_WARPS_M
 #define TOVL_CUDA_LMHEAD_SMALL_WARPS_M 2
+#endif
+#ifndef TOVL_CUDA_LMHEAD_SMALL_WARPS_N
 #define TOVL_CUDA_LMHEAD_SMALL_WARPS_N 4
+#endif
+#ifndef TOVL_CUDA_LMHEAD_SMALL_PREFETCH
+#define TOVL_CUDA_LMHEAD_SMALL_PREFETCH 1
+#endif
 #define TOVL_CUDA_LMHEAD_SMALL_BM (TOVL_CUDA_LMHEAD_SMALL_WM * TOVL_CUDA_LMHEAD_SMALL_WARPS_M)
 #define TOVL_CUDA_LMHEAD_SMALL_BN (TOVL_CUDA_LMHEAD_SMALL_WM * TOVL_CUDA_LMHEAD_SMALL_WARPS_N)
 

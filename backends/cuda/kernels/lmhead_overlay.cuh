@@ -31,7 +31,7 @@
 
 namespace tovl_cuda {
 
-template <int WM_, int WARPS_M_, int WARPS_N_>
+template <int WM_, int WARPS_M_, int WARPS_N_, int PREFETCH_>
 struct LmheadConfig {
     /* Square warp tiles: a staged group of WM rows serves either operand. */
     static constexpr uint32_t WM = WM_, WN = WM_;
@@ -39,6 +39,7 @@ struct LmheadConfig {
     static constexpr uint32_t WARPS = WARPS_M * WARPS_N;
     static constexpr uint32_t BM = WM * WARPS_M, BN = WN * WARPS_N;
     static constexpr uint32_t THREADS = WARP * WARPS;
+    static constexpr uint32_t PREFETCH = PREFETCH_; /* steps whose loads are in flight */
     static constexpr uint32_t LANES_PER_THREAD = TOVL_DOT_LANES / WARP;
     static constexpr uint32_t CHUNK = TOVL_DOT_LANES; /* elements staged per step: one per lane */
     static constexpr uint32_t PAIRS = CHUNK / 2;
@@ -53,9 +54,11 @@ struct LmheadConfig {
 };
 
 using LmheadLarge =
-    LmheadConfig<TOVL_CUDA_LMHEAD_LARGE_WM, TOVL_CUDA_LMHEAD_LARGE_WARPS_M, TOVL_CUDA_LMHEAD_LARGE_WARPS_N>;
+    LmheadConfig<TOVL_CUDA_LMHEAD_LARGE_WM, TOVL_CUDA_LMHEAD_LARGE_WARPS_M, TOVL_CUDA_LMHEAD_LARGE_WARPS_N,
+                 TOVL_CUDA_LMHEAD_LARGE_PREFETCH>;
 using LmheadSmall =
-    LmheadConfig<TOVL_CUDA_LMHEAD_SMALL_WM, TOVL_CUDA_LMHEAD_SMALL_WARPS_M, TOVL_CUDA_LMHEAD_SMALL_WARPS_N>;
+    LmheadConfig<TOVL_CUDA_LMHEAD_SMALL_WM, TOVL_CUDA_LMHEAD_SMALL_WARPS_M, TOVL_CUDA_LMHEAD_SMALL_WARPS_N,
+                 TOVL_CUDA_LMHEAD_SMALL_PREFETCH>;
 static_assert(LmheadLarge::BM == TOVL_CUDA_LMHEAD_LARGE_BM && LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN, "shape");
 static_assert(LmheadSmall::BM == TOVL_CUDA_LMHEAD_SMALL_BM && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
@@ -353,22 +356,38 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         }
     }
 
-    uint32_t staged[C::JOBS][C::WM];
+    /* A ring of PREFETCH steps' loads in registers: step c + PREFETCH is in
+     * flight while step c is stored and computed, so a step's global latency
+     * is spread over PREFETCH steps of math (one step of math is far shorter
+     * than a load's round trip). The ring index is a compile-time constant. */
+    constexpr uint32_t DEPTH = C::PREFETCH;
+    uint32_t staged[DEPTH][C::JOBS][C::WM];
     const uint32_t chunks = (h + C::CHUNK - 1) / C::CHUNK;
-    lmhead_load<C>(staged, src, 0, h, pairs_aligned);
-    for (uint32_t c = 0; c < chunks; c++) {
-        __syncthreads(); /* nobody reads the staging area any more */
-        lmhead_store<C>(sh, staged);
-        __syncthreads();
-        if (c + 1 < chunks) {
-            lmhead_load<C>(staged, src, c + 1, h, pairs_aligned); /* in flight during the math */
+    TOVL_UNROLL
+    for (uint32_t d = 0; d < DEPTH; d++) {
+        if (d < chunks) {
+            lmhead_load<C>(staged[d], src, d, h, pairs_aligned);
         }
-        if (busy) {
-            const uint32_t valid = h - c * C::CHUNK;
-            if (valid >= C::CHUNK) {
-                lmhead_accumulate<C, false>(sh, acc, wm, wn, lane, valid);
-            } else {
-                lmhead_accumulate<C, true>(sh, acc, wm, wn, lane, valid);
+    }
+    for (uint32_t c0 = 0; c0 < chunks; c0 += DEPTH) {
+        TOVL_UNROLL
+        for (uint32_t d = 0; d < DEPTH; d++) {
+            const uint32_t c = c0 + d;
+            if (c < chunks) { /* uniform across the block */
+                __syncthreads(); /* nobody reads the staging area any more */
+                lmhead_store<C>(sh, staged[d]);
+                __syncthreads();
+                if (c + DEPTH < chunks) {
+                    lmhead_load<C>(staged[d], src, c + DEPTH, h, pairs_aligned);
+                }
+                if (busy) {
+                    const uint32_t valid = h - c * C::CHUNK;
+                    if (valid >= C::CHUNK) {
+                        lmhead_accumulate<C, false>(sh, acc, wm, wn, lane, valid);
+                    } else {
+                        lmhead_accumulate<C, true>(sh, acc, wm, wn, lane, valid);
+                    }
+                }
             }
         }
     }

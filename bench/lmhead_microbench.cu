@@ -1,0 +1,364 @@
+/*
+ * Standalone microbenchmark of the CUDA port's embed_overlay and
+ * lmhead_overlay_{bf16,f32} kernels on the bench workload of
+ * tools/cmd_bench.c (h = 4096, vocab 152064, 8 slots x 64 overlay rows, row
+ * slots random in 0..7 with 1 in 16 at -1, half the token ids overlaid).
+ *
+ * Needs only nvcc (no tovl build): it compiles the kernels of
+ * backends/cuda/kernels/ itself, so -D overrides of launch_shape.h's tunables give variants:
+ *
+ *   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
+ *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Iinclude \
+ *        bench/lmhead_microbench.cu -o /tmp/mb && /tmp/mb [seed]
+ *
+ * Every case is first checked bit for bit against a plain implementation of
+ * the spec's dot (256 lanes, increasing i, tree 128..1, each product and sum
+ * rounded: the host side must be built with -ffp-contract=off) on every cell
+ * of the output, with poisoned outputs and sentinels on both sides; then 100
+ * launches are captured in a CUDA graph and the median of 20 replays, per
+ * launch, is printed. Exit status 1 on any mismatch.
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+/* The kernels themselves (token_overlay.cu adds only the module ABI marker). */
+#include "kernels/embed_overlay.cuh"
+#include "kernels/lmhead_overlay.cuh"
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
+static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
+static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
+
+static float h_bf16(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static uint32_t h_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static uint16_t h_to_bf16(float f) {
+    uint32_t b = h_bits(f);
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
+    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+/* The spec's dot; volatile keeps every product and sum a separate rounding. */
+static float h_dot(const uint16_t *x, const uint16_t *w, uint32_t h) {
+    float p[256];
+    for (int l = 0; l < 256; l++) p[l] = 0.0f;
+    for (uint32_t i = 0; i < h; i++) {
+        volatile float prod = h_bf16(x[i]) * h_bf16(w[i]);
+        volatile float sum = p[i % 256] + prod;
+        p[i % 256] = sum;
+    }
+    for (int s = 128; s >= 1; s /= 2)
+        for (int l = 0; l < s; l++) {
+            volatile float sum = p[l] + p[l + s];
+            p[l] = sum;
+        }
+    return p[0];
+}
+
+/* Device buffer with sentinels around it. */
+struct Guarded {
+    uint8_t *base = nullptr;
+    size_t bytes = 0;
+    void alloc(size_t n) {
+        bytes = n;
+        CK(cudaMalloc(&base, n + 2 * GUARD));
+    }
+    uint64_t dev() const { return (uint64_t)(uintptr_t)(base + GUARD); }
+    void poison() {
+        CK(cudaMemset(base, SENTINEL, GUARD));
+        CK(cudaMemset(base + GUARD, POISON, bytes));
+        CK(cudaMemset(base + GUARD + bytes, SENTINEL, GUARD));
+    }
+    void upload(const void *src) {
+        poison();
+        CK(cudaMemcpy(base + GUARD, src, bytes, cudaMemcpyHostToDevice));
+    }
+    bool fetch(std::vector<uint8_t> &out) {
+        std::vector<uint8_t> all(bytes + 2 * GUARD);
+        CK(cudaMemcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost));
+        bool ok = true;
+        for (size_t i = 0; i < GUARD; i++)
+            ok &= all[i] == SENTINEL && all[GUARD + bytes + i] == SENTINEL;
+        out.assign(all.begin() + GUARD, all.begin() + GUARD + bytes);
+        return ok;
+    }
+};
+
+template <class T>
+static uint64_t to_dev(const std::vector<T> &v) {
+    void *p;
+    CK(cudaMalloc(&p, v.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return (uint64_t)(uintptr_t)p;
+}
+
+struct Workload {
+    uint32_t T;
+    std::vector<uint16_t> hidden;
+    std::vector<int32_t> slots;
+    std::vector<uint32_t> token_ids;
+    std::vector<std::vector<uint16_t>> rows;     /* per slot [N][H] */
+    std::vector<std::vector<uint32_t>> ids;      /* per slot [N] */
+    std::vector<std::vector<int32_t>> slot_map; /* per slot [VOCAB] */
+    uint64_t d_hidden, d_slots, d_token_ids, d_rows_table, d_ids_table, d_n_table, d_map_table;
+};
+
+static uint16_t random_bf16(std::mt19937_64 &rng) {
+    /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
+    std::uniform_real_distribution<float> m(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> e(-6, 3);
+    return h_to_bf16(std::ldexp(m(rng), e(rng)));
+}
+
+static void build(Workload &w, uint32_t T, std::mt19937_64 &rng) {
+    w.T = T;
+    w.hidden.resize((size_t)T * H);
+    for (auto &v : w.hidden) v = random_bf16(rng);
+    w.slots.resize(T);
+    w.token_ids.resize(T);
+    w.rows.assign(SLOTS, {});
+    w.ids.assign(SLOTS, {});
+    w.slot_map.assign(SLOTS, std::vector<int32_t>(VOCAB, -1));
+    std::vector<uint64_t> rows_table(SLOTS), ids_table(SLOTS), map_table(SLOTS);
+    std::vector<uint32_t> n_table(SLOTS, N);
+    for (uint32_t s = 0; s < SLOTS; s++) {
+        w.rows[s].resize((size_t)N * H);
+        for (auto &v : w.rows[s]) v = random_bf16(rng);
+        std::vector<uint32_t> all(VOCAB);
+        for (uint32_t i = 0; i < VOCAB; i++) all[i] = i;
+        for (uint32_t k = 0; k < N; k++) { /* distinct ids: partial shuffle */
+            std::swap(all[k], all[k + rng() % (VOCAB - k)]);
+            w.ids[s].push_back(all[k]);
+            w.slot_map[s][all[k]] = (int32_t)k;
+        }
+        rows_table[s] = to_dev(w.rows[s]);
+        ids_table[s] = to_dev(w.ids[s]);
+        map_table[s] = to_dev(w.slot_map[s]);
+    }
+    for (uint32_t t = 0; t < T; t++) {
+        w.slots[t] = rng() % 16 == 0 ? -1 : (int32_t)(rng() % SLOTS);
+        const uint32_t s = w.slots[t] < 0 ? 0 : (uint32_t)w.slots[t];
+        w.token_ids[t] = rng() % 2 ? w.ids[s][rng() % N] : (uint32_t)(rng() % VOCAB);
+    }
+    w.d_hidden = to_dev(w.hidden);
+    w.d_slots = to_dev(w.slots);
+    w.d_token_ids = to_dev(w.token_ids);
+    w.d_rows_table = to_dev(rows_table);
+    w.d_ids_table = to_dev(ids_table);
+    w.d_n_table = to_dev(n_table);
+    w.d_map_table = to_dev(map_table);
+}
+
+static int sm_count() {
+    int dev, n;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+}
+
+/* The host launch geometry (mirrors backends/cuda/cuda_geometry.c). */
+typedef void (*LmKernel)(tovl_lmhead_overlay_args);
+struct LmLaunch {
+    LmKernel fn;
+    uint32_t blocks;
+};
+static uint32_t blocks_per_sm(LmKernel fn) {
+    int b = 0;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, TOVL_CUDA_LMHEAD_THREADS, 0));
+    return b > 0 ? (uint32_t)b : 1u;
+}
+static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
+    const uint32_t window = std::min<uint32_t>(a.T, TOVL_CUDA_LMHEAD_WINDOW), sms = (uint32_t)sm_count();
+    const uint32_t large_units = window * ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN);
+    LmLaunch l;
+    /* TOVL_MB_FORCE=large|small overrides the choice, to compare the two. */
+    const char *force = getenv("TOVL_MB_FORCE");
+    const bool large = force ? strcmp(force, "large") == 0
+                             : (uint64_t)large_units >= (uint64_t)sms * TOVL_CUDA_LMHEAD_LARGE_BM;
+    if (large) {
+        l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
+        l.blocks = std::min(sms * blocks_per_sm(l.fn), large_units);
+    } else {
+        l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
+        l.blocks = std::min(sms * blocks_per_sm(l.fn),
+                            window * ((a.max_n + TOVL_CUDA_LMHEAD_SMALL_BN - 1) / TOVL_CUDA_LMHEAD_SMALL_BN));
+    }
+    return l;
+}
+
+/* Median microseconds per launch over 20 replays of a graph of 100 launches. */
+template <class F>
+static double graph_us(F launch) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < 100; i++) launch(st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st)); /* warm up */
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> us;
+    for (int r = 0; r < 20; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us.push_back(ms * 1000.0 / 100.0);
+    }
+    std::sort(us.begin(), us.end());
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    return us[us.size() / 2];
+}
+
+static int failures = 0;
+
+static void bench_lmhead(Workload &w, bool f32) {
+    const size_t esz = f32 ? 4 : 2, bytes = (size_t)w.T * VOCAB * esz;
+    Guarded logits;
+    logits.alloc(bytes);
+    logits.poison();
+    tovl_lmhead_overlay_args a = {};
+    a.logits = logits.dev();
+    a.hidden = w.d_hidden;
+    a.row_slots = w.d_slots;
+    a.rows_table = w.d_rows_table;
+    a.ids_table = w.d_ids_table;
+    a.n_table = w.d_n_table;
+    a.ld = VOCAB;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    a.max_n = N;
+    const LmLaunch l = lm_launch(a, f32);
+    l.fn<<<l.blocks, TOVL_CUDA_LMHEAD_THREADS>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = logits.fetch(out);
+    size_t bad = 0, cells = 0, touched = 0;
+    std::vector<uint8_t> expect_cell((size_t)w.T * VOCAB, 0);
+    for (uint32_t t = 0; t < w.T; t++) {
+        const int32_t s = w.slots[t];
+        if (s < 0) continue;
+        for (uint32_t k = 0; k < N; k++) {
+            const uint32_t id = w.ids[s][k];
+            const float d = h_dot(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
+            const size_t c = (size_t)t * VOCAB + id;
+            expect_cell[c] = 1;
+            cells++;
+            if (f32) {
+                uint32_t want = h_bits(d), got;
+                if ((want & 0x7FFFFFFFu) > 0x7F800000u) want = 0x7FC00000u;
+                memcpy(&got, &out[c * 4], 4);
+                bad += got != want;
+            } else {
+                uint16_t want = h_to_bf16(d), got;
+                memcpy(&got, &out[c * 2], 2);
+                bad += got != want;
+            }
+        }
+    }
+    for (size_t c = 0; c < expect_cell.size(); c++) {
+        if (expect_cell[c]) continue;
+        for (size_t b = 0; b < esz; b++) touched += out[c * esz + b] != POISON;
+    }
+    const bool pass = ok && bad == 0 && touched == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.blocks, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  blocks %4u  graph %8.2f us  %s\n", f32 ? "f32" : "bf16", w.T,
+           cells, (l.fn == lmhead_overlay_f32 || l.fn == lmhead_overlay_bf16) ? "large" : "small", l.blocks, us,
+           pass ? "bit-exact" : "MISMATCH");
+    if (!pass)
+        printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
+    CK(cudaFree(logits.base));
+}
+
+static void bench_embed(Workload &w) {
+    Guarded hidden;
+    hidden.alloc(w.hidden.size() * 2);
+    hidden.upload(w.hidden.data());
+    tovl_embed_overlay_args a = {};
+    a.hidden = hidden.dev();
+    a.token_ids = w.d_token_ids;
+    a.token_slots = w.d_slots;
+    a.slot_map_table = w.d_map_table;
+    a.rows_table = w.d_rows_table;
+    a.n_table = w.d_n_table;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    const uint32_t blocks = w.T; /* a block per token (cuda_geometry.c) */
+    embed_overlay<<<blocks, TOVL_CUDA_EMBED_THREADS>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = hidden.fetch(out);
+    std::vector<uint16_t> want = w.hidden;
+    uint32_t hit = 0;
+    for (uint32_t t = 0; t < w.T; t++) {
+        const int32_t s = w.slots[t];
+        if (s < 0) continue;
+        const int32_t j = w.slot_map[s][w.token_ids[t]];
+        if (j < 0) continue;
+        hit++;
+        memcpy(&want[(size_t)t * H], &w.rows[s][(size_t)j * H], H * 2);
+    }
+    const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<blocks, TOVL_CUDA_EMBED_THREADS, 0, st>>>(a); });
+    printf("embed_overlay       T=%-4u %5u rows   blocks %4u  graph %8.2f us  %s\n", w.T, hit, blocks, us,
+           pass ? "bit-exact" : "MISMATCH");
+    CK(cudaFree(hidden.base));
+}
+
+int main(int argc, char **argv) {
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : std::random_device{}();
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    printf("device %s, %d SMs; seed %llu\n", p.name, p.multiProcessorCount, (unsigned long long)seed);
+    std::mt19937_64 rng(seed);
+    for (uint32_t T : {512u, 64u}) {
+        Workload w;
+        build(w, T, rng);
+        bench_embed(w);
+        bench_lmhead(w, false);
+        bench_lmhead(w, true);
+    }
+    printf("%s\n", failures ? "FAIL" : "all bit-exact");
+    return failures ? 1 : 0;
+}
