@@ -6,15 +6,13 @@
 #   1. the Vulkan CTest tests (conformance bit-exact, wrapped-device hooks),
 #      with the validation layer when it loads here;
 #   2. tovl conform --backend vulkan, without and with the validation layer;
-#   3. the issue-5 benchmark on vulkan and, for the 1.5x comparison, on cuda;
-#      and `tovl bench --backend vulkan` once that command exists.
+#   3. `tovl bench` on vulkan and, for the 1.5x comparison, on cuda.
 # Logs go to $OUT (default /tmp/tovl-gpu-out/vulkan); a summary prints last.
 set -uo pipefail
 part=vulkan step_tail=15 step_skip_ok=1   # the Vulkan part judges its tests by status only
 source "$(dirname "$0")/../lib/gpu-part.sh"
 export TOVL_REQUIRE_VULKAN=1
 tovl=$build/tools/tovl
-bench=$build/backends/vulkan/tovl-overlay-bench
 seed=$fresh_seed
 
 step devices "$tovl" devices
@@ -48,35 +46,35 @@ if [ "$validation" = on ]; then
   fi
 fi
 
-step bench-vulkan "$bench" --backend vulkan ${TOVL_BENCH_ARGS:-}
+# The benchmark: `tovl bench` on vulkan and, for the 1.5x comparison, on cuda
+# in the same run (graph us = 100 launches recorded once; Vulkan: one command
+# buffer between timestamps).
+step bench-vulkan "$tovl" bench --backend vulkan --seed "$seed" --json "$out/bench-vulkan.json" ${TOVL_BENCH_ARGS:-}
 if grep -q '^cuda  *present' "$out/devices.log"; then
-  step bench-cuda "$bench" --backend cuda ${TOVL_BENCH_ARGS:-}
+  step bench-cuda "$tovl" bench --backend cuda --seed "$seed" --json "$out/bench-cuda.json" ${TOVL_BENCH_ARGS:-}
 fi
-if "$tovl" bench --help > /dev/null 2>&1; then
-  step tovl-bench "$tovl" bench --backend vulkan
-else
-  summary+=("skip  tovl bench (not implemented in this build)")
-fi
-
-# Figures: rowdiff as % of copy; hooks, Vulkan vs CUDA (batched = recorded once).
-figure() { # figure LOG PATTERN: the batched us/launch of the first matching line
-  [ -f "$1" ] && awk -v p="$2" 'index($0, p) == 1 { for (i = 1; i <= NF; i++) if ($i == "batched") { print $(i+1); exit } }' "$1"
-}
 {
   echo "device:     $(sed -n 's/^vulkan  *present: //p' "$out/devices.log")"
   sed 's/^ */properties: /' "$out/properties.txt"
   echo "validation: $validation"
-  grep -E '^(copy_bandwidth|rowdiff)' "$out/bench-vulkan.log" 2>/dev/null | sed 's/^/vulkan:     /'
-  for k in "embed_overlay T=512" "lmhead_overlay_bf16 T=512" "lmhead_overlay_f32 T=512" \
-           "embed_overlay T=64" "lmhead_overlay_bf16 T=64" "lmhead_overlay_f32 T=64"; do
-    v=$(figure "$out/bench-vulkan.log" "$k"); c=$(figure "$out/bench-cuda.log" "$k")
-    if [ -n "$v" ] && [ -n "$c" ]; then
-      printf 'hook:       %-26s vulkan %8s us  cuda %8s us  ratio %s (goal <= 1.5)\n' "$k" "$v" "$c" \
-        "$(awk -v a="$v" -v b="$c" 'BEGIN { printf "%.2f", a / b }')"
-    else
-      printf 'hook:       %-26s vulkan %8s us  cuda %s\n' "$k" "${v:-?}" "${c:-n/a}"
-    fi
-  done
+  python3 - "$out/bench-vulkan.json" "$out/bench-cuda.json" <<'PY'
+import json, os, sys
+def load(path):
+    return json.load(open(path)) if os.path.exists(path) else None
+vk, cu = load(sys.argv[1]), load(sys.argv[2])
+if not vk:
+    print("bench:      no Vulkan figures"); sys.exit(0)
+print("copy:       vulkan %.1f GB/s (read + written)" % vk["copy_gbps"])
+cuda = {(r["kernel"], r["case"]): r for r in (cu or {"results": []})["results"]}
+for r in vk["results"]:
+    if r["kernel"] == "rowdiff":
+        print("rowdiff:    %-20s %9.2f us  %.1f%% of copy (goal >= 90%%)" % (r["case"], r["graph_us"], 100 * r["copy_fraction"]))
+        continue
+    c = cuda.get((r["kernel"], r["case"]))
+    ratio = "ratio %.2f (goal <= 1.5)" % (r["graph_us"] / c["graph_us"]) if c else "cuda n/a"
+    print("hook:       %-20s %-18s vulkan %8.2f us  cuda %8s us  %s" % (r["kernel"], r["case"], r["graph_us"],
+          "%.2f" % c["graph_us"] if c else "-", ratio))
+PY
 } > "$out/figures.txt"
 
 echo
