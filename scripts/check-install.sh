@@ -68,7 +68,7 @@ for h in "$prefix"/include/tovl/*.h; do
   if grep -q "^$b .*$b backend not built" "$work/devices.txt"; then continue; fi
   for fn in $(sed -n 's/^TOVL_API[^(]*[ *]\(tovl_[a-z0-9_]*\)(.*/\1/p' "$h"); do
     declared=$((declared + 1))
-    echo "$exported" | grep -qx "$fn" || die "$(basename "$h") declares $fn but libtovl.so does not export it"
+    grep -qx "$fn" <<<"$exported" || die "$(basename "$h") declares $fn but libtovl.so does not export it"
   done
 done
 [ "$declared" -gt 40 ] || die "found only $declared TOVL_API declarations: the check is broken"
@@ -87,10 +87,15 @@ PKG_CONFIG_PATH="$libdir/pkgconfig" make -s -C "$src/examples" OUT="$work" >"$wo
   || { tail -30 "$work/example-pc.log"; die "example build (pkg-config)"; }
 
 # Each shared consumer must load the installed libtovl, not one from elsewhere.
-ldd "$work/example-cmake/tovl_consumer" | grep -q "$prefix/.*libtovl.so" || die "CMake consumer does not use the installed libtovl.so"
-LD_LIBRARY_PATH="$libdir" ldd "$work/consumer-pc" | grep -q "$prefix/.*libtovl.so" || die "pkg-config consumer does not use the installed libtovl.so"
+# (ldd's output is read whole first: grep -q stopping early would make ldd die
+# of SIGPIPE, and pipefail would report that as no match.)
+deps=$(ldd "$work/example-cmake/tovl_consumer")
+grep -q "$prefix/.*libtovl.so" <<<"$deps" || die "CMake consumer does not use the installed libtovl.so"
+deps=$(LD_LIBRARY_PATH="$libdir" ldd "$work/consumer-pc")
+grep -q "$prefix/.*libtovl.so" <<<"$deps" || die "pkg-config consumer does not use the installed libtovl.so"
 for exe in "$work/example-cmake/tovl_consumer_static" "$work/consumer-pc-static"; do
-  ! ldd "$exe" | grep -q libtovl || die "$exe should not need libtovl.so"
+  deps=$(ldd "$exe")
+  ! grep -q libtovl <<<"$deps" || die "$exe should not need libtovl.so"
 done
 
 runs=0

@@ -98,4 +98,5 @@ fi
 
 echo "=== hardening summary"
 printf '%s\n' "${results[@]}" | tee "$out/summary.txt"
-! printf '%s\n' "${results[@]}" | grep -q '^FAIL'
+summary=$(printf '%s\n' "${results[@]}")
+! grep -q '^FAIL' <<<"$summary"
