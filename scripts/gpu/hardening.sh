@@ -12,7 +12,9 @@
 #   4. examples/consumer.c built against build-gpu's libtovl.so and run on
 #      each GPU backend present: the engine-side call sequence on the device.
 # Logs go to $OUT/hardening (default /tmp/tovl-gpu-out/hardening); a summary
-# prints last. Knob: TOVL_HARDENING_SANITIZER_TIMEOUT (seconds per tool, 240).
+# prints last. Knobs: TOVL_HARDENING_SANITIZERS (default "memcheck racecheck";
+# "none" skips step 3, as does TOVL_CUDA_SANITIZERS=none, which gpu-suite.sh's
+# check phase sets), TOVL_HARDENING_SANITIZER_TIMEOUT (seconds per tool, 200).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$here" || exit 1
@@ -22,7 +24,9 @@ if [ -n "${TOVL_ENV_LIBS:-}" ]; then
   export LD_LIBRARY_PATH="$TOVL_ENV_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 build=${TOVL_GPU_BUILD:-build-gpu}
-limit=${TOVL_HARDENING_SANITIZER_TIMEOUT:-240}
+limit=${TOVL_HARDENING_SANITIZER_TIMEOUT:-200}
+tools=${TOVL_HARDENING_SANITIZERS:-memcheck racecheck}
+[ "${TOVL_CUDA_SANITIZERS:-}" = none ] && tools=none
 results=()
 record() { results+=("$(printf '%-5s %s' "$1" "$2")"); }
 
@@ -60,8 +64,10 @@ else
 fi
 
 # 3. compute-sanitizer on the hostile batches, CUDA only.
-if [[ " $present " == *" cuda "* ]] && command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck racecheck; do
+if [ "$tools" = none ]; then
+  record skip "compute-sanitizer: turned off (TOVL_HARDENING_SANITIZERS / TOVL_CUDA_SANITIZERS)"
+elif [[ " $present " == *" cuda "* ]] && command -v compute-sanitizer >/dev/null; then
+  for tool in $tools; do
     extra=()
     [ "$tool" = memcheck ] && extra=(--leak-check full)
     TOVL_TEST_BACKENDS=cuda timeout "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" \
