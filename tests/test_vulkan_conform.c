@@ -55,8 +55,11 @@ Test(vulkan_conform, bit_exact_and_validation_clean, .timeout = 900) {
         cr_expect_eq(rep.passed, rep.count, "%zu of %zu cases skipped on lavapipe", rep.count - rep.passed,
                      rep.count);
     }
-    const char *messages = tovl_backend_property(dut, "validation_messages");
-    cr_assert_not_null(messages);
+    /* Copied: the property string belongs to the backend, freed at close. */
+    const char *counted = tovl_backend_property(dut, "validation_messages");
+    cr_assert_not_null(counted);
+    char messages[32];
+    snprintf(messages, sizeof messages, "%s", counted);
     tovl_conform_report_free(&rep);
     tovl_backend_close(dut);
     tovl_backend_close(ref);
