@@ -182,29 +182,25 @@ static int sm_count() {
 typedef void (*LmKernel)(tovl_lmhead_overlay_args);
 struct LmLaunch {
     LmKernel fn;
-    uint32_t blocks;
+    dim3 grid;
+    bool large;
 };
-static uint32_t blocks_per_sm(LmKernel fn) {
-    int b = 0;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, TOVL_CUDA_LMHEAD_THREADS, 0));
-    return b > 0 ? (uint32_t)b : 1u;
-}
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
-    const uint32_t window = std::min<uint32_t>(a.T, TOVL_CUDA_LMHEAD_WINDOW), sms = (uint32_t)sm_count();
-    const uint32_t large_units = window * ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN);
+    const uint32_t sms = (uint32_t)sm_count();
+    const uint32_t row_groups = (a.T + TOVL_CUDA_LMHEAD_BM - 1) / TOVL_CUDA_LMHEAD_BM;
     LmLaunch l;
     /* TOVL_MB_FORCE=large|small overrides the choice, to compare the two. */
     const char *force = getenv("TOVL_MB_FORCE");
-    const bool large = force ? strcmp(force, "large") == 0
-                             : (uint64_t)large_units >= (uint64_t)sms * TOVL_CUDA_LMHEAD_LARGE_BM;
-    if (large) {
+    l.large = force ? strcmp(force, "large") == 0
+                    : (uint64_t)row_groups * ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN) >=
+                          sms;
+    const uint32_t bn = l.large ? TOVL_CUDA_LMHEAD_LARGE_BN : TOVL_CUDA_LMHEAD_SMALL_BN;
+    if (l.large) {
         l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
-        l.blocks = std::min(sms * blocks_per_sm(l.fn), large_units);
     } else {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
-        l.blocks = std::min(sms * blocks_per_sm(l.fn),
-                            window * ((a.max_n + TOVL_CUDA_LMHEAD_SMALL_BN - 1) / TOVL_CUDA_LMHEAD_SMALL_BN));
     }
+    l.grid = dim3(row_groups + std::min(a.max_loras, a.T), std::min<uint32_t>((a.max_n + bn - 1) / bn, 65535u), 1);
     return l;
 }
 
@@ -263,7 +259,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     a.active_slot = -1;
     a.max_n = N;
     const LmLaunch l = lm_launch(a, f32);
-    l.fn<<<l.blocks, TOVL_CUDA_LMHEAD_THREADS>>>(a);
+    l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS>>>(a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -297,10 +293,9 @@ static void bench_lmhead(Workload &w, bool f32) {
     }
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.blocks, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
-    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  blocks %4u  graph %8.2f us  %s\n", f32 ? "f32" : "bf16", w.T,
-           cells, (l.fn == lmhead_overlay_f32 || l.fn == lmhead_overlay_bf16) ? "large" : "small", l.blocks, us,
-           pass ? "bit-exact" : "MISMATCH");
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  graph %8.2f us  %s\n", f32 ? "f32" : "bf16",
+           w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
     CK(cudaFree(logits.base));

@@ -113,33 +113,46 @@ Test(cuda_geometry, rowdiff_and_embed) {
     cr_expect_eq(l.block[0] * l.block[1] * l.block[2], 128);
 }
 
+/* A block per (8 rows of a slot, BN overlay rows): x = ceil(T / 8) +
+ * min(max_loras, T), BN = 16 (large) or 8 (small). */
+static void expect_grid(const tovl_cuda_launch *l, uint32_t x, uint32_t y, uint32_t z) {
+    cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "grid %u x %u x %u, expected %u x %u x %u",
+              l->grid[0], l->grid[1], l->grid[2], x, y, z);
+    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], 256);
+}
+
 Test(cuda_geometry, lmhead_variant_and_blocks) {
     tovl_cuda_launch l;
-    tovl_lmhead_overlay_args a = {.T = 512, .h = 4096, .max_n = 64};
+    tovl_lmhead_overlay_args a = {.T = 512, .h = 4096, .max_n = 64, .max_loras = 8};
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_F32, (uint32_t[3]){512, 64, 1}, &a, &h200, &l), TOVL_OK);
     cr_expect_not(l.small_variant, "T = 512 x 64 rows fills 132 SMs with large tiles");
-    cr_expect_eq(l.grid[0], 132);
-    cr_expect_eq(l.grid[1], 1);
+    expect_grid(&l, 72, 4, 1);
     a.T = 64;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){64, 64, 1}, &a, &h200, &l), TOVL_OK);
     cr_expect(l.small_variant, "T = 64 takes the small tiles");
-    cr_expect_eq(l.grid[0], 264, "two blocks per SM");
+    expect_grid(&l, 16, 8, 1);
     a.T = 3;
     a.max_n = 2;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){3, 2, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect_eq(l.grid[0], 3, "no more blocks than units of work (3 rows x 1 column)");
+    expect_grid(&l, 4, 1, 1);
     a.T = 100000;
     a.max_n = 64;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){100000, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect_eq(l.grid[0], 132, "a large T is done window by window by the same blocks");
+    cr_expect_not(l.small_variant);
+    expect_grid(&l, 12508, 4, 1);
     a.T = 0;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){0, 64, 1}, &a, &h200, &l), TOVL_OK);
     cr_expect_eq(l.grid[0], 0, "nothing to launch");
     a.T = 8;
+    a.max_loras = 0;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect(l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0, "no slots: nothing to launch");
+    /* Beyond CUDA's y limit the blocks loop over columns. */
     a.max_n = 0xFFFFFFF0u;
-    cr_expect_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, a.max_n, 1}, &a, &h200, &l),
-                 TOVL_ERR_UNSUPPORTED);
-    cr_expect_not_null(strstr(tovl_last_error(), "max_n"), "%s", tovl_last_error());
+    a.max_loras = 100000;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, a.max_n, 1}, &a, &h200, &l),
+                 TOVL_OK);
+    expect_grid(&l, 9, 65535, 1);
 }
 
 Test(cuda_geometry, another_ports_convention) {

@@ -21,10 +21,6 @@ const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
 #define GRID_YZ_MAX 65535u
 #define BLOCK_THREADS_MAX 1024u
 
-/* The lm_head kernel counts units of work (window rows x tile columns) in 32
- * bits: TOVL_CUDA_LMHEAD_WINDOW * ceil(max_n / BN) must fit. */
-#define LMHEAD_MAX_N ((uint32_t)(((uint64_t)UINT32_MAX / TOVL_CUDA_LMHEAD_WINDOW) * TOVL_CUDA_LMHEAD_SMALL_BN / 2))
-
 int tovl_cuda_kernel_by_name(const char *name) {
     for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
         if (strcmp(name, tovl_cuda_kernel_names[k]) == 0) {
@@ -64,34 +60,25 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
-/* Persistent blocks, about one per SM slot, each taking an even share of the
- * units. The large tiles are used when every SM gets at least one full-height
- * tile of them; smaller batches use the small tiles, whose more numerous
- * blocks keep every SM busy. */
+/* A block per (group of BM rows of one slot, BN overlay rows); see
+ * launch_shape.h. The slots' groups number at most ceil(T / BM) plus one per
+ * slot that has rows. The large tiles are used when the batch alone gives
+ * every SM at least one tile of them; smaller batches use the small tiles,
+ * whose more numerous blocks keep every SM busy. */
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
-    if (a->T == 0 || a->max_n == 0) {
+    if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    if (a->max_n > LMHEAD_MAX_N) {
-        return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lmhead_overlay with max_n %u overlay rows (at most %u)",
-                          a->max_n, LMHEAD_MAX_N);
-    }
-    const uint32_t window = min_u32(a->T, TOVL_CUDA_LMHEAD_WINDOW);
     const uint32_t sms = device->sm_count ? device->sm_count : 1;
-    const uint32_t large_units = window * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_LARGE_BN);
-    uint32_t blocks;
-    if ((uint64_t)large_units >= (uint64_t)sms * TOVL_CUDA_LMHEAD_LARGE_BM) {
-        out->small_variant = false;
-        uint32_t per_sm = device->lmhead_large_blocks_per_sm ? device->lmhead_large_blocks_per_sm : 1;
-        blocks = min_u32(sms * per_sm, large_units);
-    } else {
-        out->small_variant = true;
-        uint32_t per_sm = device->lmhead_small_blocks_per_sm ? device->lmhead_small_blocks_per_sm : 1;
-        blocks = min_u32(sms * per_sm, window * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_SMALL_BN));
-    }
-    set_dims(out, blocks, TOVL_CUDA_LMHEAD_THREADS);
+    const uint32_t row_groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM);
+    out->small_variant =
+        (uint64_t)row_groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_LARGE_BN) < (uint64_t)sms;
+    const uint32_t bn = out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_BN : TOVL_CUDA_LMHEAD_LARGE_BN;
+    set_dims(out, row_groups + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
+    /* Beyond CUDA's y limit the blocks loop over columns. */
+    out->grid[1] = min_u32(ceil_div(a->max_n, bn), GRID_YZ_MAX);
     return TOVL_OK;
 }
 

@@ -5,11 +5,12 @@
  *
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
- *   lmhead_overlay_*  persistent blocks (about one per SM slot) that group the
- *                     rows by slot and share the work out evenly: each block
- *                     computes tiles of BM rows x BN overlay rows of one slot,
- *                     so each hidden row is read once per BN overlay rows and
- *                     each overlay row once per BM hidden rows.
+ *   lmhead_overlay_*  a block per (group of BM rows of one slot, BN overlay
+ *                     rows): grid (ceil(T / BM) + min(max_loras, T),
+ *                     ceil(max_n / BN) capped at 65535 (blocks then loop), 1);
+ *                     each block finds its slot and group on the device. Each
+ *                     hidden row is read once per BN overlay rows, each
+ *                     overlay row once per BM hidden rows.
  */
 #ifndef TOVL_CUDA_LAUNCH_SHAPE_H
 #define TOVL_CUDA_LAUNCH_SHAPE_H
@@ -18,55 +19,37 @@
  * A module without it (another port's kernels loaded through
  * tovl_cuda_backend_open_image) is launched by the generic convention of
  * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
-#define TOVL_CUDA_PORT_ABI 1
+#define TOVL_CUDA_PORT_ABI 2
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 128
 
 #define TOVL_CUDA_LMHEAD_THREADS 256
-/* Rows (tokens) grouped by slot at a time; a larger T is done window by window. */
-#define TOVL_CUDA_LMHEAD_WINDOW 1024
-/* Slot bins of the grouping: slots below this are grouped exactly; beyond it
- * slots share bins (still correct, tiles are only cut smaller). */
-#define TOVL_CUDA_LMHEAD_BINS 256
+/* Rows per tile (the grid's x unit), the same for both variants. */
+#define TOVL_CUDA_LMHEAD_BM 8
 
-/* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): 8 warps, each
- * 4 rows x 4 overlay rows, as 2 x 4 warps: tiles of 8 x 16. */
-#ifndef TOVL_CUDA_LMHEAD_LARGE_WM
-#define TOVL_CUDA_LMHEAD_LARGE_WM 4
+/* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
+ * 8 rows x 16 overlay rows, each thread 8 x 8 cells (two lanes each); one
+ * chunk of loads in flight ahead (a chunk's math outlasts its loads). */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_TN
+#define TOVL_CUDA_LMHEAD_LARGE_TN 8
 #endif
-#ifndef TOVL_CUDA_LMHEAD_LARGE_WARPS_M
-#define TOVL_CUDA_LMHEAD_LARGE_WARPS_M 2
+#ifndef TOVL_CUDA_LMHEAD_LARGE_DEPTH
+#define TOVL_CUDA_LMHEAD_LARGE_DEPTH 1
 #endif
-#ifndef TOVL_CUDA_LMHEAD_LARGE_WARPS_N
-#define TOVL_CUDA_LMHEAD_LARGE_WARPS_N 4
-#endif
-/* Steps (256 elements of each of the tile's rows) whose loads are in flight;
- * each costs JOBS * WM registers per thread. Measured on the H200 (docs/
- * PERFORMANCE.md, lm_head tuning log): 2 is 2% faster than 1 for the large
- * tiles; deeper, or deeper for the small tiles, is no faster. */
-#ifndef TOVL_CUDA_LMHEAD_LARGE_PREFETCH
-#define TOVL_CUDA_LMHEAD_LARGE_PREFETCH 2
-#endif
-#define TOVL_CUDA_LMHEAD_LARGE_BM (TOVL_CUDA_LMHEAD_LARGE_WM * TOVL_CUDA_LMHEAD_LARGE_WARPS_M)
-#define TOVL_CUDA_LMHEAD_LARGE_BN (TOVL_CUDA_LMHEAD_LARGE_WM * TOVL_CUDA_LMHEAD_LARGE_WARPS_N)
+#define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
- * for small batches, where more and smaller tiles keep every SM busy: 8 warps
- * of 2 x 2, as 2 x 4 warps: tiles of 4 x 8. */
-#ifndef TOVL_CUDA_LMHEAD_SMALL_WM
-#define TOVL_CUDA_LMHEAD_SMALL_WM 2
+ * for small batches: tiles of 8 x 8, so that more blocks share the work, and
+ * two chunks of loads in flight (a chunk's math is short). Measured on the
+ * H200 (docs/PERFORMANCE.md, lm_head tuning log): 8 x 8 / depth 2 beats
+ * 8 x 4 / depth 2, 4 or 8 at T = 64. */
+#ifndef TOVL_CUDA_LMHEAD_SMALL_TN
+#define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif
-#ifndef TOVL_CUDA_LMHEAD_SMALL_WARPS_M
-#define TOVL_CUDA_LMHEAD_SMALL_WARPS_M 2
+#ifndef TOVL_CUDA_LMHEAD_SMALL_DEPTH
+#define TOVL_CUDA_LMHEAD_SMALL_DEPTH 2
 #endif
-#ifndef TOVL_CUDA_LMHEAD_SMALL_WARPS_N
-#define TOVL_CUDA_LMHEAD_SMALL_WARPS_N 4
-#endif
-#ifndef TOVL_CUDA_LMHEAD_SMALL_PREFETCH
-#define TOVL_CUDA_LMHEAD_SMALL_PREFETCH 1
-#endif
-#define TOVL_CUDA_LMHEAD_SMALL_BM (TOVL_CUDA_LMHEAD_SMALL_WM * TOVL_CUDA_LMHEAD_SMALL_WARPS_M)
-#define TOVL_CUDA_LMHEAD_SMALL_BN (TOVL_CUDA_LMHEAD_SMALL_WM * TOVL_CUDA_LMHEAD_SMALL_WARPS_N)
+#define TOVL_CUDA_LMHEAD_SMALL_BN (2 * TOVL_CUDA_LMHEAD_SMALL_TN)
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -111,6 +111,12 @@ template <typename T>
 inline T __shfl_up_sync(unsigned mask, T value, unsigned delta) {
     return tovl_emu::from_bits<T>(tovl_emu::shfl_up(mask, tovl_emu::bits_of(value), delta));
 }
+/* Fibers switch only at barriers and collectives: a plain add is atomic. */
+inline unsigned atomicAdd(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 inline int __popc(unsigned x) {
     return __builtin_popcount(x);
 }
