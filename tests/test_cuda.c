@@ -97,7 +97,7 @@ Test(cuda, bad_images_and_contexts_are_refused_before_the_driver) {
 /* ------------------------------------------------------------------------ */
 /* Launch geometry                                                           */
 /* ------------------------------------------------------------------------ */
-static const tovl_cuda_device_shape h200 = {132, 1, 2};
+static const tovl_cuda_device_shape h200 = {132};
 
 Test(cuda_geometry, rowdiff_and_embed) {
     tovl_cuda_launch l;

@@ -45,19 +45,19 @@ static void conform_on(const tovl_cuda_device_shape *shape, const char *salt) {
 
 /* One SM: every batch with 8 or more rows takes the large tiles. */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){1, 1, 2}, "cuda_emu_large");
+    conform_on(&(tovl_cuda_device_shape){1}, "cuda_emu_large");
 }
 
 /* An H200's 132 SMs: the suite's small batches take the small tiles, spread
  * over more blocks than there is work. */
 Test(cuda_emu, conformance_small_tiles_h200_shape, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){132, 1, 2}, "cuda_emu_h200");
+    conform_on(&(tovl_cuda_device_shape){132}, "cuda_emu_h200");
 }
 
 /* Uneven shares: units split over 5 and 7 blocks. */
 Test(cuda_emu, conformance_uneven_split, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){5, 1, 1}, "cuda_emu_5");
-    conform_on(&(tovl_cuda_device_shape){7, 1, 3}, "cuda_emu_7");
+    conform_on(&(tovl_cuda_device_shape){5}, "cuda_emu_5");
+    conform_on(&(tovl_cuda_device_shape){7}, "cuda_emu_7");
 }
 
 static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_scenario *sc) {
@@ -70,31 +70,31 @@ static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_sc
 /* The benchmark's shape: T = 512, h = 4096, 8 slots x 64 rows, on 132 SMs:
  * the large tiles, one block per SM. */
 Test(cuda_emu, bench_shape_t512, .timeout = 900) {
-    batch_against_cpu(&(tovl_cuda_device_shape){132, 1, 2},
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false});
 }
 
 /* T = 64 of the benchmark: the small tiles. */
 Test(cuda_emu, bench_shape_t64, .timeout = 900) {
-    batch_against_cpu(&(tovl_cuda_device_shape){132, 1, 2},
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false});
 }
 
 /* More rows than one grouping window (1024): two and a half windows. */
 Test(cuda_emu, rows_beyond_one_window, .timeout = 900) {
-    batch_against_cpu(&(tovl_cuda_device_shape){4, 1, 2},
+    batch_against_cpu(&(tovl_cuda_device_shape){4},
                       &(cuda_scenario){"windows", 2600, 72, 3000, 6, 5, 1, 1, 21, false});
 }
 
 /* max_loras beyond the 256 grouping bins: slots 3, 259, 515 share bin 3, so
  * tiles must be cut where the slot changes. */
 Test(cuda_emu, slots_sharing_a_bin, .timeout = 900) {
-    batch_against_cpu(&(tovl_cuda_device_shape){2, 1, 2},
+    batch_against_cpu(&(tovl_cuda_device_shape){2},
                       &(cuda_scenario){"shared_bins", 300, 130, 2000, 700, 3, 3, 256, 19, false});
 }
 
 /* One active slot for every row (decode): one group of all rows. */
 Test(cuda_emu, active_slot_large_batch, .timeout = 900) {
-    batch_against_cpu(&(tovl_cuda_device_shape){3, 1, 2},
+    batch_against_cpu(&(tovl_cuda_device_shape){3},
                       &(cuda_scenario){"active", 300, 264, 4000, 4, 1, 2, 1, 40, true});
 }

@@ -515,15 +515,6 @@ static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
                              : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuModuleGetFunction(%s)", name);
 }
 
-static uint32_t blocks_per_sm(cuda_ctx *c, CUfunction fn) {
-    int blocks = 0;
-    if (!fn || c->drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, TOVL_CUDA_LMHEAD_THREADS, 0) !=
-                   CUDA_SUCCESS || blocks < 1) {
-        return 1;
-    }
-    return (uint32_t)blocks;
-}
-
 /* Look the kernels up; tell this port's module from another's. */
 static tovl_status resolve_kernels(cuda_ctx *c) {
     uint32_t abi = 0;
@@ -561,13 +552,6 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
         if (st != TOVL_OK) {
             return st;
         }
-    }
-    if (c->native) {
-        const cuda_kernel *bf16 = &c->kernels[TOVL_CUDA_LMHEAD_BF16], *f32 = &c->kernels[TOVL_CUDA_LMHEAD_F32];
-        uint32_t large = blocks_per_sm(c, bf16->fn), small = blocks_per_sm(c, bf16->small_fn);
-        uint32_t large32 = blocks_per_sm(c, f32->fn), small32 = blocks_per_sm(c, f32->small_fn);
-        c->shape.lmhead_large_blocks_per_sm = large < large32 ? large : large32;
-        c->shape.lmhead_small_blocks_per_sm = small < small32 ? small : small32;
     }
     return TOVL_OK;
 }

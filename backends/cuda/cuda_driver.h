@@ -76,8 +76,6 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
     X(cuModuleUnload, CUresult, (CUmodule module))                                                       \
     X(cuModuleGetFunction, CUresult, (CUfunction * fn, CUmodule module, const char *name))               \
     X(cuModuleGetGlobal, CUresult, (CUdeviceptr * ptr, size_t * bytes, CUmodule module, const char *name)) \
-    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, CUresult,                                             \
-      (int *blocks, CUfunction fn, int block_size, size_t dynamic_smem))                                 \
     X(cuMemAlloc, CUresult, (CUdeviceptr * ptr, size_t bytes))                                           \
     X(cuMemFree, CUresult, (CUdeviceptr ptr))                                                            \
     X(cuMemcpyHtoDAsync, CUresult, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))    \

@@ -39,8 +39,6 @@ tovl_status tovl_cuda_check_launch(const char *backend, tovl_kernel kernel, cons
 /* What the native lm_head launch needs to know about the device. */
 typedef struct tovl_cuda_device_shape {
     uint32_t sm_count;
-    uint32_t lmhead_large_blocks_per_sm; /* occupancy of each variant (informational) */
-    uint32_t lmhead_small_blocks_per_sm;
 } tovl_cuda_device_shape;
 
 typedef struct tovl_cuda_launch {

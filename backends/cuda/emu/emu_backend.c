@@ -116,7 +116,6 @@ tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint
     }
     c->shape = *shape;
     c->seed = seed;
-    snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs, %u/%u lm_head blocks per SM)",
-             shape->sm_count, shape->lmhead_large_blocks_per_sm, shape->lmhead_small_blocks_per_sm);
+    snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs)", shape->sm_count);
     return tovl_backend_create(&emu_iface, c, out);
 }
