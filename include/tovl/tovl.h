@@ -123,6 +123,7 @@ TOVL_API size_t tovl_backend_list(tovl_backend_info *out, size_t capacity);
  * TOVL_CUDA_DEVICE, TOVL_HIP_DEVICE, TOVL_VULKAN_DEVICE. On failure *out is NULL
  * and tovl_last_error() says why. */
 TOVL_API tovl_status tovl_backend_open(const char *name, tovl_backend **out);
+/* Destroy the sets and release the overlays built on a backend before closing it. */
 TOVL_API void tovl_backend_close(tovl_backend *backend);
 
 TOVL_API const char *tovl_backend_name(const tovl_backend *backend);
