@@ -4,8 +4,8 @@
 # HIP-on-CUDA test image), the Vulkan loader packages in .gl/ and the shared
 # libraries the test binaries need in .gpulibs/ (the GPU image has no package
 # registry). Then, with the device tool:
-#   run: bash scripts/gpu-suite.sh check      carry: .gl .gpulibs .gpubuild
-#   run: bash scripts/gpu-suite.sh sanitize   carry: .gl .gpulibs .gpubuild
+#   run: bash scripts/gpu-suite.sh all   carry: .gl .gpulibs .gpubuild
+# (or the phases `check` and `sanitize` alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -54,4 +54,4 @@ fi
   find . -type f \( -name 'test_*' -o -name 'tovl' -o -name 'tovl-*' -o -name 'libtovl.so*' \) -exec strip --strip-debug {} + 2>/dev/null || true)
 mkdir -p .gpubuild && tar -cJf .gpubuild/build-gpu.tar.xz build-gpu
 du -sh .gpubuild .gl .gpulibs
-echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh check' (then 'sanitize') on the GPU machine carrying .gl .gpulibs .gpubuild"
+echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh all' on the GPU machine carrying .gl .gpulibs .gpubuild"
