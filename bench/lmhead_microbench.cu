@@ -184,31 +184,23 @@ struct LmLaunch {
     LmKernel fn;
     dim3 grid;
     bool large;
-    uint32_t shared;
-    int regs, spill;
 };
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     const uint32_t sms = (uint32_t)sm_count();
-    const uint64_t large_tiles = (uint64_t)((a.T + TOVL_CUDA_LMHEAD_LARGE_BM - 1) / TOVL_CUDA_LMHEAD_LARGE_BM) *
-                                 ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN);
+    const uint32_t row_groups = (a.T + TOVL_CUDA_LMHEAD_BM - 1) / TOVL_CUDA_LMHEAD_BM;
     LmLaunch l;
     /* TOVL_MB_FORCE=large|small overrides the choice, to compare the two. */
     const char *force = getenv("TOVL_MB_FORCE");
-    l.large = force ? strcmp(force, "large") == 0 : 2 * large_tiles >= sms;
-    const uint32_t bm = l.large ? TOVL_CUDA_LMHEAD_LARGE_BM : TOVL_CUDA_LMHEAD_SMALL_BM;
+    l.large = force ? strcmp(force, "large") == 0
+                    : (uint64_t)row_groups * ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN) >=
+                          sms;
     const uint32_t bn = l.large ? TOVL_CUDA_LMHEAD_LARGE_BN : TOVL_CUDA_LMHEAD_SMALL_BN;
     if (l.large) {
         l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
     } else {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
-    l.shared = l.large ? TOVL_CUDA_LMHEAD_LARGE_SHARED : TOVL_CUDA_LMHEAD_SMALL_SHARED;
-    CK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.shared));
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, l.fn));
-    l.regs = fa.numRegs;
-    l.spill = (int)fa.localSizeBytes;
-    l.grid = dim3((a.T + bm - 1) / bm + std::min(a.max_loras, a.T), std::min<uint32_t>((a.max_n + bn - 1) / bn, 65535u), 1);
+    l.grid = dim3(row_groups + std::min(a.max_loras, a.T), std::min<uint32_t>((a.max_n + bn - 1) / bn, 65535u), 1);
     return l;
 }
 
@@ -267,7 +259,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     a.active_slot = -1;
     a.max_n = N;
     const LmLaunch l = lm_launch(a, f32);
-    l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, l.shared>>>(a);
+    l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS>>>(a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -301,10 +293,9 @@ static void bench_lmhead(Workload &w, bool f32) {
     }
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, l.shared, st>>>(a); });
-    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %d regs %d spill %u smem  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
-           l.shared, us, pass ? "bit-exact" : "MISMATCH");
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  graph %8.2f us  %s\n", f32 ? "f32" : "bf16",
+           w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
     CK(cudaFree(logits.base));

@@ -189,7 +189,7 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     void *params[] = {(void *)args};
     CUfunction fn = dims.small_variant ? c->kernels[k].small_fn : c->kernels[k].fn;
     CUresult r = c->drv.cuLaunchKernel(fn, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
-                                       dims.block[2], dims.shared_bytes, stream_or_own(c, stream), params, NULL);
+                                       dims.block[2], 0, stream_or_own(c, stream), params, NULL);
     ctx_leave(c, pushed);
     if (r != CUDA_SUCCESS) {
         return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: cuLaunchKernel(%s%s, grid %u x %u, block %u)",
@@ -515,14 +515,6 @@ static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
                              : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuModuleGetFunction(%s)", name);
 }
 
-static tovl_status allow_shared(cuda_ctx *c, const char *name, CUfunction fn, uint32_t bytes) {
-    CUresult r = c->drv.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes);
-    return r == CUDA_SUCCESS ? TOVL_OK
-                             : tovl_cuda_fail(&c->drv, TOVL_ERR_UNSUPPORTED, r,
-                                              "cuda: %s needs %u bytes of shared memory per block on %s", name,
-                                              bytes, c->device_text);
-}
-
 /* Look the kernels up; tell this port's module from another's. */
 static tovl_status resolve_kernels(cuda_ctx *c) {
     uint32_t abi = 0;
@@ -546,14 +538,6 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
             if (st == TOVL_OK && !kernel->small_fn) {
                 st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module %s has %s but not %s", c->module_text, name,
                                 tovl_cuda_small_variant_names[k]);
-            }
-        }
-        /* This port's lm_head kernels stage in more than the default 48 KB of
-         * dynamic shared memory (launch_shape.h). */
-        if (st == TOVL_OK && kernel->fn && c->native && tovl_cuda_small_variant_names[k]) {
-            st = allow_shared(c, name, kernel->fn, TOVL_CUDA_LMHEAD_LARGE_SHARED);
-            if (st == TOVL_OK) {
-                st = allow_shared(c, tovl_cuda_small_variant_names[k], kernel->small_fn, TOVL_CUDA_LMHEAD_SMALL_SHARED);
             }
         }
         if (st == TOVL_OK && kernel->fn && !c->native) {

@@ -44,9 +44,6 @@ enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
 };
 
-/* CUfunction_attribute: dynamic shared memory above the default 48 KB. */
-enum { CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8 };
-
 enum { CU_STREAM_NON_BLOCKING = 0x1 };
 enum { CU_EVENT_DEFAULT = 0x0 };
 /* CUstreamCaptureMode: only this thread's unsafe calls are checked. */
@@ -99,7 +96,6 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
     X(cuEventSynchronize, CUresult, (CUevent event))                                                     \
     X(cuEventElapsedTime, CUresult, (float *ms, CUevent start, CUevent end))                             \
     X(cuEventDestroy, CUresult, (CUevent event))                                                         \
-    X(cuFuncSetAttribute, CUresult, (CUfunction fn, int attribute, int value))                           \
     X(cuLaunchKernel, CUresult,                                                                          \
       (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
        unsigned int bz, unsigned int smem, CUstream stream, void **params, void **extra))

@@ -44,8 +44,7 @@ typedef struct tovl_cuda_device_shape {
 typedef struct tovl_cuda_launch {
     uint32_t grid[3];
     uint32_t block[3];
-    bool small_variant;    /* lm_head: launch the small-tile variant */
-    uint32_t shared_bytes; /* dynamic shared memory per block */
+    bool small_variant; /* lm_head: launch the small-tile variant */
 } tovl_cuda_launch;
 
 /* This port's kernels. A grid with a zero dimension means nothing to launch. */

@@ -229,15 +229,9 @@ std::string describe_deadlock() {
     return text + ", " + std::to_string(L.done) + " exited";
 }
 
-/* The block's dynamic shared memory: as much as an SM offers (228 KB on
- * sm_90), poisoned with a NaN pattern before each block so that a read of
- * anything not staged shows up. */
-alignas(16) unsigned char g_dynamic_shared[228 * 1024];
-
 /* Run one block to completion (or to the first error). */
 bool run_block() {
     Launch &L = *g_launch;
-    memset(g_dynamic_shared, 0xFF, sizeof g_dynamic_shared);
     L.block_gate = Gate{};
     for (WarpCollective &c : L.warps) {
         c = WarpCollective{};
@@ -337,18 +331,6 @@ uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
     const uint32_t result = lane >= delta ? c.value[lane - delta] : bits;
     collective_end(c);
     return result;
-}
-
-uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask) {
-    WarpCollective &c = collective_begin("__shfl_xor_sync", mask, bits);
-    const unsigned lane = g_launch->current->lane;
-    const uint32_t result = (lane ^ lane_mask) < WARP ? c.value[lane ^ lane_mask] : bits;
-    collective_end(c);
-    return result;
-}
-
-void *dynamic_shared_bytes() {
-    return g_dynamic_shared;
 }
 
 void check_aligned(const void *p, size_t alignment) {

@@ -39,9 +39,6 @@ struct emu_dim3 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
-struct alignas(8) uint2 {
-    unsigned x, y;
-};
 struct alignas(8) float2 {
     float x, y;
 };
@@ -68,14 +65,6 @@ unsigned ballot(unsigned mask, bool predicate);
 unsigned match_any(unsigned mask, uint32_t value);
 uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta);
 uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta);
-uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask);
-/* The block's dynamic shared memory (extern __shared__): 16-byte aligned,
- * 228 KB, poisoned before each block. */
-void *dynamic_shared_bytes();
-template <typename T>
-inline T *dynamic_shared() {
-    return static_cast<T *>(dynamic_shared_bytes());
-}
 void check_aligned(const void *p, size_t alignment);
 
 template <typename T>
@@ -117,10 +106,6 @@ inline unsigned __match_any_sync(unsigned mask, unsigned value) {
 template <typename T>
 inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
     return tovl_emu::from_bits<T>(tovl_emu::shfl_down(mask, tovl_emu::bits_of(value), delta));
-}
-template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T value, unsigned lane_mask) {
-    return tovl_emu::from_bits<T>(tovl_emu::shfl_xor(mask, tovl_emu::bits_of(value), lane_mask));
 }
 template <typename T>
 inline T __shfl_up_sync(unsigned mask, T value, unsigned delta) {
