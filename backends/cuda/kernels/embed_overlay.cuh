@@ -3,7 +3,8 @@
  * maps the token's id (< vocab) to a row j < n[s]: hidden[t, :] = rows[s][j, :],
  * a bit copy. Every other row is left untouched.
  *
- * A block per token. The copy uses 16-byte loads and stores from the first
+ * A block per token; the block fetches the slots' table cells alongside the
+ * token's slot and id (one global round trip less). The copy uses 16-byte loads and stores from the first
  * element where source and destination both reach a 16-byte boundary (scalar
  * before it and for the tail; scalar throughout when their offsets differ
  * modulo 16, e.g. hidden rows of h = 100), all loads of an iteration issued
@@ -21,15 +22,27 @@ TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(t
     if (t >= args.T) {
         return;
     }
-    /* Independent loads side by side: the lookup is a chain of three. */
+    /* The lookup is a chain of global round trips; each one costs more than
+     * the copy's issue. The slots' table cells (at most THREADS slots) are
+     * fetched by the block at the same time as the token's slot and id, so
+     * the chain is: (slot, id, tables) -> slot_map[id] -> the row. */
+    __shared__ uint64_t slot_map_of[THREADS], rows_of[THREADS];
+    __shared__ uint32_t n_of[THREADS];
+    const bool prefetched = args.max_loras <= THREADS;
+    if (prefetched && threadIdx.x < args.max_loras) {
+        slot_map_of[threadIdx.x] = ldg(ptr<const uint64_t>(args.slot_map_table) + threadIdx.x);
+        rows_of[threadIdx.x] = ldg(ptr<const uint64_t>(args.rows_table) + threadIdx.x);
+        n_of[threadIdx.x] = ldg(ptr<const uint32_t>(args.n_table) + threadIdx.x);
+    }
     const int32_t s = row_slot(args.token_slots, args.active_slot, t);
     const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
+    __syncthreads(); /* the table cells are in */
     if (!slot_valid(s, args.max_loras) || id >= args.vocab) {
         return;
     }
-    const uint64_t slot_map = ldg(ptr<const uint64_t>(args.slot_map_table) + s);
-    const uint32_t n = ldg(ptr<const uint32_t>(args.n_table) + s);
-    const uint64_t rows = ldg(ptr<const uint64_t>(args.rows_table) + s);
+    const uint64_t slot_map = prefetched ? slot_map_of[s] : ldg(ptr<const uint64_t>(args.slot_map_table) + s);
+    const uint32_t n = prefetched ? n_of[s] : ldg(ptr<const uint32_t>(args.n_table) + s);
+    const uint64_t rows = prefetched ? rows_of[s] : ldg(ptr<const uint64_t>(args.rows_table) + s);
     if (slot_map == 0) {
         return;
     }

@@ -60,9 +60,11 @@ using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN,
 using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_DEPTH>;
 static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
-/* One block's shared memory, reused by its three phases. */
+/* One block's shared memory, reused by its three phases. 16-byte aligned:
+ * the staging area takes 16-byte stores (a union of u32 arrays alone is only
+ * 4-byte aligned, and the emulator places it among other statics). */
 template <class C>
-union LmheadShared {
+union alignas(16) LmheadShared {
     struct {
         uint32_t x[2][C::BM][C::WORDS]; /* [buffer][tile row][pair word] */
         uint32_t w[2][C::BN][C::WORDS];
