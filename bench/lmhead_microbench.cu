@@ -184,6 +184,7 @@ struct LmLaunch {
     LmKernel fn;
     dim3 grid;
     bool large;
+    int regs, spill; /* per thread: registers, local-memory bytes */
 };
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     const uint32_t sms = (uint32_t)sm_count();
@@ -201,6 +202,10 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
     l.grid = dim3(row_groups + std::min(a.max_loras, a.T), std::min<uint32_t>((a.max_n + bn - 1) / bn, 65535u), 1);
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, l.fn));
+    l.regs = fa.numRegs;
+    l.spill = (int)fa.localSizeBytes;
     return l;
 }
 
@@ -294,8 +299,9 @@ static void bench_lmhead(Workload &w, bool f32) {
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
-    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  graph %8.2f us  %s\n", f32 ? "f32" : "bf16",
-           w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, us, pass ? "bit-exact" : "MISMATCH");
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
+           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
     CK(cudaFree(logits.base));

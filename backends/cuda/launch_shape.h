@@ -38,6 +38,11 @@
 #define TOVL_CUDA_LMHEAD_LARGE_DEPTH 1
 #endif
 #define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
+/* Blocks per SM the compiler must leave registers for (__launch_bounds__):
+ * 1 lets a thread use 255; 2 caps it at 128 (16 warps per SM). */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS
+#define TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS 1
+#endif
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
  * for small batches: tiles of 8 x 8, so that more blocks share the work, and
@@ -51,5 +56,8 @@
 #define TOVL_CUDA_LMHEAD_SMALL_DEPTH 2
 #endif
 #define TOVL_CUDA_LMHEAD_SMALL_BN (2 * TOVL_CUDA_LMHEAD_SMALL_TN)
+#ifndef TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS
+#define TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS 1
+#endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -36,8 +36,9 @@
 
 namespace tovl_cuda {
 
-template <int TM_, int TN_, int DEPTH_>
+template <int TM_, int TN_, int DEPTH_, int MIN_BLOCKS_>
 struct LmheadConfig {
+    static constexpr uint32_t MIN_BLOCKS = MIN_BLOCKS_; /* __launch_bounds__: blocks resident per SM */
     static constexpr uint32_t TM = TM_, TN = TN_, DEPTH = DEPTH_;
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
@@ -56,8 +57,10 @@ struct LmheadConfig {
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
 
-using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_DEPTH>;
-using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_DEPTH>;
+using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_DEPTH,
+                                 TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS>;
+using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_DEPTH,
+                                 TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS>;
 static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
 /* One block's shared memory, reused by its three phases. 16-byte aligned:
@@ -426,7 +429,8 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
 } // namespace tovl_cuda
 
 #define TOVL_CUDA_LMHEAD_ENTRY(name, config, f32)                                                  \
-    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, 1) name(tovl_lmhead_overlay_args args) { \
+    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::MIN_BLOCKS)                    \
+        name(tovl_lmhead_overlay_args args) {                                                      \
         tovl_cuda::lmhead_overlay<config, f32>(args);                                              \
     }
 
