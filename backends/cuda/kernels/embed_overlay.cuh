@@ -4,8 +4,9 @@
  * a bit copy. Every other row is left untouched.
  *
  * A block per token; the block fetches the slots' table cells alongside the
- * token's slot and id (one global round trip less). The copy uses 16-byte loads and stores from the first
- * element where source and destination both reach a 16-byte boundary (scalar
+ * token's slot and id (one global round trip less). The copy uses 16-byte
+ * loads and stores from the first element where source and destination both
+ * reach a 16-byte boundary (scalar
  * before it and for the tail; scalar throughout when their offsets differ
  * modulo 16, e.g. hidden rows of h = 100), all loads of an iteration issued
  * before its stores.
@@ -14,6 +15,21 @@
 #define TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
 
 #include "common.cuh"
+
+namespace tovl_cuda {
+
+/* Slot s's cells of the set's tables. */
+struct EmbedSlotCells {
+    uint64_t slot_map, rows;
+    uint32_t n;
+};
+
+__device__ __forceinline__ EmbedSlotCells embed_slot_cells(const tovl_embed_overlay_args &a, uint32_t s) {
+    return EmbedSlotCells{ldg(ptr<const uint64_t>(a.slot_map_table) + s), ldg(ptr<const uint64_t>(a.rows_table) + s),
+                          ldg(ptr<const uint32_t>(a.n_table) + s)};
+}
+
+} // namespace tovl_cuda
 
 TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(tovl_embed_overlay_args args) {
     using namespace tovl_cuda;
@@ -27,13 +43,10 @@ TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(t
      * the token's slot and id, so the chain is: (slot, id, tables) ->
      * slot_map[id] -> the row. On the H200 this took T = 64 from 1.98 to
      * 1.90 us and left T = 512 (2.72 us), where the copy dominates, as it was. */
-    __shared__ uint64_t slot_map_of[THREADS], rows_of[THREADS];
-    __shared__ uint32_t n_of[THREADS];
+    __shared__ EmbedSlotCells cells_of[THREADS];
     const bool prefetched = args.max_loras <= THREADS;
     if (prefetched && threadIdx.x < args.max_loras) {
-        slot_map_of[threadIdx.x] = ldg(ptr<const uint64_t>(args.slot_map_table) + threadIdx.x);
-        rows_of[threadIdx.x] = ldg(ptr<const uint64_t>(args.rows_table) + threadIdx.x);
-        n_of[threadIdx.x] = ldg(ptr<const uint32_t>(args.n_table) + threadIdx.x);
+        cells_of[threadIdx.x] = embed_slot_cells(args, threadIdx.x);
     }
     const int32_t s = row_slot(args.token_slots, args.active_slot, t);
     const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
@@ -41,18 +54,16 @@ TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_EMBED_THREADS) embed_overlay(t
     if (!slot_valid(s, args.max_loras) || id >= args.vocab) {
         return;
     }
-    const uint64_t slot_map = prefetched ? slot_map_of[s] : ldg(ptr<const uint64_t>(args.slot_map_table) + s);
-    const uint32_t n = prefetched ? n_of[s] : ldg(ptr<const uint32_t>(args.n_table) + s);
-    const uint64_t rows = prefetched ? rows_of[s] : ldg(ptr<const uint64_t>(args.rows_table) + s);
-    if (slot_map == 0) {
+    const EmbedSlotCells cells = prefetched ? cells_of[s] : embed_slot_cells(args, (uint32_t)s);
+    if (cells.slot_map == 0) {
         return;
     }
-    const int32_t j = ldg(ptr<const int32_t>(slot_map) + id);
-    if (j < 0 || (uint32_t)j >= n) {
+    const int32_t j = ldg(ptr<const int32_t>(cells.slot_map) + id);
+    if (j < 0 || (uint32_t)j >= cells.n) {
         return;
     }
     const uint32_t h = args.h;
-    const uint16_t *src = ptr<const uint16_t>(rows) + (size_t)j * h;
+    const uint16_t *src = ptr<const uint16_t>(cells.rows) + (size_t)j * h;
     uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
 
     uint32_t head = bf16_to_16b_boundary(dst);
