@@ -29,13 +29,14 @@
 #define TOVL_CUDA_LMHEAD_BM 8
 
 /* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
- * 8 rows x 16 overlay rows, each thread 8 x 8 cells (two lanes each); one
- * chunk of loads in flight ahead (a chunk's math outlasts its loads). */
+ * 8 rows x 16 overlay rows, each thread 8 x 8 cells (two lanes each). STAGES:
+ * chunks of 256 elements in the shared-memory ring (STAGES - 1 in flight while
+ * one is computed); 4 x 12 KB is the 48 KB of static shared memory. */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_TN
 #define TOVL_CUDA_LMHEAD_LARGE_TN 8
 #endif
-#ifndef TOVL_CUDA_LMHEAD_LARGE_DEPTH
-#define TOVL_CUDA_LMHEAD_LARGE_DEPTH 1
+#ifndef TOVL_CUDA_LMHEAD_LARGE_STAGES
+#define TOVL_CUDA_LMHEAD_LARGE_STAGES 4
 #endif
 #define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
 /* Blocks per SM the compiler must leave registers for (__launch_bounds__):
@@ -52,8 +53,8 @@
 #ifndef TOVL_CUDA_LMHEAD_SMALL_TN
 #define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif
-#ifndef TOVL_CUDA_LMHEAD_SMALL_DEPTH
-#define TOVL_CUDA_LMHEAD_SMALL_DEPTH 2
+#ifndef TOVL_CUDA_LMHEAD_SMALL_STAGES
+#define TOVL_CUDA_LMHEAD_SMALL_STAGES 4
 #endif
 #define TOVL_CUDA_LMHEAD_SMALL_BN (2 * TOVL_CUDA_LMHEAD_SMALL_TN)
 #ifndef TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS

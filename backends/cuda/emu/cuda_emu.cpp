@@ -333,6 +333,14 @@ uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
     return result;
 }
 
+uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask) {
+    WarpCollective &c = collective_begin("__shfl_xor_sync", mask, bits);
+    const unsigned from = g_launch->current->lane ^ lane_mask;
+    const uint32_t result = from < WARP ? c.value[from] : bits;
+    collective_end(c);
+    return result;
+}
+
 void check_aligned(const void *p, size_t alignment) {
     if ((uintptr_t)p % alignment != 0) {
         stop("misaligned %zu-byte access at %p", alignment, p);

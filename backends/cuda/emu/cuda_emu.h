@@ -65,6 +65,7 @@ unsigned ballot(unsigned mask, bool predicate);
 unsigned match_any(unsigned mask, uint32_t value);
 uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta);
 uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta);
+uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask);
 void check_aligned(const void *p, size_t alignment);
 
 template <typename T>
@@ -110,6 +111,10 @@ inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
 template <typename T>
 inline T __shfl_up_sync(unsigned mask, T value, unsigned delta) {
     return tovl_emu::from_bits<T>(tovl_emu::shfl_up(mask, tovl_emu::bits_of(value), delta));
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T value, unsigned lane_mask) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_xor(mask, tovl_emu::bits_of(value), lane_mask));
 }
 /* Fibers switch only at barriers and collectives: a plain add is atomic. */
 inline unsigned atomicAdd(unsigned *p, unsigned v) {

@@ -106,6 +106,36 @@ __device__ __forceinline__ void store16(void *p, uint4 v) {
     *reinterpret_cast<uint4 *>(p) = v;
 }
 
+/* A 16-byte copy from global to shared memory that completes asynchronously
+ * (cp.async, sm_80 and newer: it does not pass through registers); it is
+ * visible to this thread after copy_async_wait, to the block after a barrier
+ * that follows it. Both addresses 16-byte aligned. Older GPUs and the emulator
+ * copy at once. */
+__device__ __forceinline__ void copy16_async(void *shared_dst, const void *global_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(shared_dst)),
+                 "l"(global_src)
+                 : "memory");
+#else
+    store16(shared_dst, load16(global_src));
+#endif
+}
+
+/* Closes this thread's current group of copy16_async calls. */
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits until at most PENDING of this thread's newest groups are unfinished. */
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T min_of(T a, T b) {
     return a < b ? a : b;

@@ -15,19 +15,23 @@
  * The dot order. The 256 threads are two groups of 128, each computing BM x TN
  * cells (group G takes overlay rows G * TN .. + TN of the tile). Thread q of a
  * group holds the spec's lanes 2q and 2q + 1 of each of its cells. A chunk is
- * 512 elements staged as bf16 pairs in shared memory (word p = elements 2p,
- * 2p + 1); thread q reads words q and q + 128, i.e. elements 2q(+1) and
- * 256 + 2q(+1) of the chunk, which are exactly its lanes' next two elements,
- * so each lane's sum runs in increasing i. Products and sums are __fmul_rn /
- * __fadd_rn: never fused, rounded to nearest even. Elements past h are
- * skipped, not multiplied by zero (0 * Inf is NaN). The tree (strides 128 ..
- * 1) is done after the loop through shared memory, a round of cells at a
- * time: each warp finishes whole cells exactly as the spec pairs the lanes.
+ * 256 elements staged as bf16 pairs in shared memory (word p = elements 2p,
+ * 2p + 1); thread q reads word q, i.e. elements 2q and 2q + 1 of the chunk,
+ * which are exactly its lanes' next elements, so each lane's sum runs in
+ * increasing i. Products and sums are __fmul_rn / __fadd_rn: never fused,
+ * rounded to nearest even. Elements past h are skipped, not multiplied by
+ * zero (0 * Inf is NaN, and -0 + +0 is +0). The tree (strides 128 .. 1) is
+ * done after the loop through shared memory, a round of cells at a time: each
+ * warp finishes whole cells exactly as the spec pairs the lanes.
  *
  * Staging. Operands stay bf16 in shared memory (0.5 byte of shared traffic per
- * MAC), double-buffered: chunk c + 1 is stored while chunk c is computed, one
- * barrier per chunk; DEPTH chunks of 16-byte global loads are in flight in
- * registers ahead of that.
+ * MAC) in a ring of STAGES chunks filled by cp.async (sm_80 and newer): global
+ * to shared without passing through registers, so STAGES - 1 chunks are in
+ * flight while one is computed, one barrier per chunk, and the registers stay
+ * free for the accumulators and for the products in flight (with the staged
+ * vectors in registers, ptxas ran out and chained every product to its sum).
+ * Rows that are absent, past h, or not 16-byte aligned are staged by plain
+ * stores instead.
  */
 #ifndef TOVL_CUDA_KERNELS_LMHEAD_OVERLAY_CUH
 #define TOVL_CUDA_KERNELS_LMHEAD_OVERLAY_CUH
@@ -36,14 +40,14 @@
 
 namespace tovl_cuda {
 
-template <int TM_, int TN_, int DEPTH_, int MIN_BLOCKS_>
+template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_>
 struct LmheadConfig {
     static constexpr uint32_t MIN_BLOCKS = MIN_BLOCKS_; /* __launch_bounds__: blocks resident per SM */
-    static constexpr uint32_t TM = TM_, TN = TN_, DEPTH = DEPTH_;
+    static constexpr uint32_t TM = TM_, TN = TN_, STAGES = STAGES_;
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
     static constexpr uint32_t BM = TM, BN = 2 * TN;
-    static constexpr uint32_t CHUNK = 2 * TOVL_DOT_LANES; /* elements per row per chunk */
+    static constexpr uint32_t CHUNK = TOVL_DOT_LANES;     /* elements per row per chunk */
     static constexpr uint32_t WORDS = CHUNK / 2;          /* bf16 pairs per row per chunk */
     static constexpr uint32_t ROW_VECS = WORDS / 4;       /* 16-byte vectors per row per chunk */
     static constexpr uint32_t X_VECS = BM * ROW_VECS, W_VECS = BN * ROW_VECS;
@@ -51,15 +55,16 @@ struct LmheadConfig {
     static constexpr uint32_t X_JOBS = X_VECS / THREADS, JOBS = (X_VECS + W_VECS) / THREADS;
     static constexpr uint32_t CELLS = TM * TN;                    /* per group */
     static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
-    static_assert(THREADS == 256 && GROUP == 128, "thread q of a group holds lanes 2q, 2q + 1");
+    static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
     static_assert(X_VECS % THREADS == 0 && W_VECS % THREADS == 0, "staging jobs divide evenly");
-    static_assert(CELLS % ROUND == 0 && 2 * ROUND % WARPS == 0, "tree rounds divide evenly");
+    static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
+    static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
 
-using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_DEPTH,
+using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_STAGES,
                                  TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS>;
-using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_DEPTH,
+using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_STAGES,
                                  TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS>;
 static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
@@ -69,8 +74,8 @@ static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN ==
 template <class C>
 union alignas(16) LmheadShared {
     struct {
-        uint32_t x[2][C::BM][C::WORDS]; /* [buffer][tile row][pair word] */
-        uint32_t w[2][C::BN][C::WORDS];
+        uint32_t x[C::STAGES][C::BM][C::WORDS]; /* [ring slot][tile row][pair word] */
+        uint32_t w[C::STAGES][C::BN][C::WORDS];
     } stage;
     struct {
         uint32_t count[WARP]; /* rows per slot of the window */
@@ -81,7 +86,7 @@ union alignas(16) LmheadShared {
         uint32_t rows[C::BM];
     } scan;
     struct {
-        float lanes[2][C::ROUND][TOVL_DOT_LANES]; /* [group][cell of the round][lane] */
+        float2 lanes[2][C::ROUND / 2][TOVL_DOT_LANES]; /* [group][pair of cells of the round][lane] */
         uint32_t rows[C::BM];
     } tree;
 };
@@ -138,93 +143,130 @@ __device__ __forceinline__ uint4 lmhead_load8(const uint16_t *row, uint32_t e, u
     return uint4{word[0], word[1], word[2], word[3]};
 }
 
-/* This thread's vectors of chunk c (zero for an absent row). */
+/* Starts staging chunk c into ring slot buf: this thread's vectors, by
+ * cp.async where the row is 16-byte aligned (vectors) and the vector lies
+ * within h, else by a plain store (zero for an absent row or past h). */
 template <class C>
-__device__ __forceinline__ void lmhead_load(uint4 (&staged)[C::JOBS], const uint16_t *const (&src)[C::JOBS], uint32_t c,
-                                            uint32_t h, bool vectors) {
-    TOVL_UNROLL
-    for (uint32_t j = 0; j < C::JOBS; j++) {
-        const uint32_t e = c * C::CHUNK + 8 * ((threadIdx.x + j * C::THREADS) % C::ROW_VECS);
-        staged[j] = src[j] ? lmhead_load8(src[j], e, h, vectors) : uint4{0, 0, 0, 0};
-    }
-}
-
-template <class C>
-__device__ __forceinline__ void lmhead_store(LmheadShared<C> &sh, const uint4 (&staged)[C::JOBS], uint32_t buf) {
+__device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t *const (&src)[C::JOBS], uint32_t c,
+                                             uint32_t buf, uint32_t h, bool vectors) {
     TOVL_UNROLL
     for (uint32_t j = 0; j < C::JOBS; j++) {
         const uint32_t v = threadIdx.x + j * C::THREADS, col = 4 * (v % C::ROW_VECS);
+        const uint32_t e = c * C::CHUNK + 2 * col;
         uint32_t *dst = j < C::X_JOBS ? &sh.stage.x[buf][v / C::ROW_VECS][col]
                                       : &sh.stage.w[buf][(v - C::X_VECS) / C::ROW_VECS][col];
-        store16(dst, staged[j]);
+        if (src[j] && vectors && e + 8 <= h) {
+            copy16_async(dst, src[j] + e);
+        } else {
+            store16(dst, src[j] ? lmhead_load8(src[j], e, h, vectors) : uint4{0, 0, 0, 0});
+        }
     }
 }
 
-/* One chunk: each of this thread's lanes adds its two elements' products.
- * PARTIAL: only the first `valid` elements of the chunk exist. */
+/* One chunk: each of this thread's lanes adds its element's product.
+ * PARTIAL: only the first `valid` elements of the chunk exist. Each round of
+ * products is formed before it is added, so that ptxas has them in flight
+ * together rather than chaining each product to its sum. */
 template <class C, bool PARTIAL>
 __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, float (&acc)[C::TM][C::TN][2],
                                                   uint32_t buf, uint32_t group, uint32_t q, uint32_t valid) {
+    const uint32_t e = 2 * q;
+    const bool lo_ok = !PARTIAL || e < valid, hi_ok = !PARTIAL || e + 1 < valid;
+    uint32_t xp[C::TM], wp[C::TN];
     TOVL_UNROLL
-    for (uint32_t half = 0; half < 2; half++) {
-        const uint32_t word = q + half * C::GROUP, e = 2 * word;
-        const bool lo_ok = !PARTIAL || e < valid, hi_ok = !PARTIAL || e + 1 < valid;
-        uint32_t xp[C::TM], wp[C::TN];
-        TOVL_UNROLL
-        for (uint32_t m = 0; m < C::TM; m++) {
-            xp[m] = sh.stage.x[buf][m][word];
-        }
+    for (uint32_t m = 0; m < C::TM; m++) {
+        xp[m] = sh.stage.x[buf][m][q];
+    }
+    TOVL_UNROLL
+    for (uint32_t n = 0; n < C::TN; n++) {
+        wp[n] = sh.stage.w[buf][group * C::TN + n][q];
+    }
+    if (lo_ok) {
+        float wl[C::TN];
         TOVL_UNROLL
         for (uint32_t n = 0; n < C::TN; n++) {
-            wp[n] = sh.stage.w[buf][group * C::TN + n][word];
+            wl[n] = pair_lo(wp[n]);
         }
-        if (lo_ok) {
-            float xl[C::TM], wl[C::TN];
+        TOVL_UNROLL
+        for (uint32_t m = 0; m < C::TM; m++) {
+            const float xl = pair_lo(xp[m]);
+            float prod[C::TN];
             TOVL_UNROLL
-            for (uint32_t m = 0; m < C::TM; m++) {
-                xl[m] = pair_lo(xp[m]);
+            for (uint32_t n = 0; n < C::TN; n++) {
+                prod[n] = __fmul_rn(xl, wl[n]);
             }
             TOVL_UNROLL
             for (uint32_t n = 0; n < C::TN; n++) {
-                wl[n] = pair_lo(wp[n]);
-            }
-            TOVL_UNROLL
-            for (uint32_t m = 0; m < C::TM; m++) {
-                TOVL_UNROLL
-                for (uint32_t n = 0; n < C::TN; n++) {
-                    acc[m][n][0] = __fadd_rn(acc[m][n][0], __fmul_rn(xl[m], wl[n]));
-                }
+                acc[m][n][0] = __fadd_rn(acc[m][n][0], prod[n]);
             }
         }
-        if (hi_ok) {
+    }
+    if (hi_ok) {
+        float wh[C::TN];
+        TOVL_UNROLL
+        for (uint32_t n = 0; n < C::TN; n++) {
+            wh[n] = pair_hi(wp[n]);
+        }
+        TOVL_UNROLL
+        for (uint32_t m = 0; m < C::TM; m++) {
+            const float xh = pair_hi(xp[m]);
+            float prod[C::TN];
             TOVL_UNROLL
-            for (uint32_t m = 0; m < C::TM; m++) {
-                TOVL_UNROLL
-                for (uint32_t n = 0; n < C::TN; n++) {
-                    acc[m][n][1] = __fadd_rn(acc[m][n][1], __fmul_rn(pair_hi(xp[m]), pair_hi(wp[n])));
-                }
+            for (uint32_t n = 0; n < C::TN; n++) {
+                prod[n] = __fmul_rn(xh, wh[n]);
+            }
+            TOVL_UNROLL
+            for (uint32_t n = 0; n < C::TN; n++) {
+                acc[m][n][1] = __fadd_rn(acc[m][n][1], prod[n]);
             }
         }
     }
 }
 
-/* The spec's tree over one cell's 256 lane sums: lane j of the warp holds lanes
- * j + 32u (u = 0..7); strides 128, 64, 32 pair u with u + 4, 2, 1, strides
- * 16..1 pair warp lanes (shuffle down). The result is on warp lane 0. */
-__device__ __forceinline__ float lmhead_tree(float (&p)[8]) {
+/* The spec's tree over a cell's 256 lane sums, in two steps. Lane j of the
+ * warp holds lanes j + 32u (u = 0..7) of the cell (member `which` of the
+ * pairs p[u]); strides 128, 64, 32 pair u with u + 4, 2, 1 in the thread.
+ * What is left is lane j's sum of the 32 lanes that strides 16 .. 1 reduce. */
+__device__ __forceinline__ float lmhead_tree_in_thread(const float2 (&p)[8], uint32_t which) {
+    float r[8];
     TOVL_UNROLL
-    for (int stride = 4; stride >= 1; stride /= 2) {
+    for (uint32_t u = 0; u < 8; u++) {
+        r[u] = which ? p[u].y : p[u].x;
+    }
+    TOVL_UNROLL
+    for (uint32_t stride = 4; stride >= 1; stride /= 2) {
         TOVL_UNROLL
-        for (int u = 0; u < stride; u++) {
-            p[u] = __fadd_rn(p[u], p[u + stride]);
+        for (uint32_t u = 0; u < stride; u++) {
+            r[u] = __fadd_rn(r[u], r[u + stride]);
         }
     }
-    float sum = p[0];
+    return r[0];
+}
+
+/* Strides 16 .. 1 of four cells at once: v[c] is lane j's value of cell c.
+ * Stride 16 leaves cells 0, 1 to lanes 0..15 and cells 2, 3 to lanes 16..31
+ * (each adds the value it gets to its own, lower lane first, as the spec
+ * writes p[l] + p[l + 16]); stride 8 leaves one cell to each 8 lanes; strides
+ * 4, 2, 1 then run within the 8. The result of cell (lane / 8) is in v[0] on
+ * lanes 0, 8, 16, 24; returns that cell number. */
+__device__ __forceinline__ uint32_t lmhead_tree_across_warp(float (&v)[4], uint32_t lane) {
+    const bool upper16 = (lane & 16u) != 0, upper8 = (lane & 8u) != 0;
     TOVL_UNROLL
-    for (uint32_t stride = WARP / 2; stride >= 1; stride /= 2) {
-        sum = __fadd_rn(sum, __shfl_down_sync(FULL_MASK, sum, stride));
+    for (uint32_t i = 0; i < 2; i++) {
+        const float mine = upper16 ? v[2 + i] : v[i];
+        const float theirs = __shfl_xor_sync(FULL_MASK, upper16 ? v[i] : v[2 + i], 16);
+        v[i] = upper16 ? __fadd_rn(theirs, mine) : __fadd_rn(mine, theirs);
     }
-    return sum;
+    {
+        const float mine = upper8 ? v[1] : v[0];
+        const float theirs = __shfl_xor_sync(FULL_MASK, upper8 ? v[0] : v[1], 8);
+        v[0] = upper8 ? __fadd_rn(theirs, mine) : __fadd_rn(mine, theirs);
+    }
+    TOVL_UNROLL
+    for (uint32_t stride = 4; stride >= 1; stride /= 2) {
+        v[0] = __fadd_rn(v[0], __shfl_down_sync(FULL_MASK, v[0], stride));
+    }
+    return lane / 8;
 }
 
 /* One tile: the rows x_src points at (null: no row) x overlay rows
@@ -256,48 +298,39 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         }
     }
 
-    /* Chunk j's loads live in ring slot j % DEPTH; the slot index is a
-     * compile-time constant (the loop is unrolled by DEPTH). */
-    constexpr uint32_t DEPTH = C::DEPTH;
+    /* The ring: chunk c lands in slot c % STAGES. Every thread commits one
+     * cp.async group per chunk (empty past the end), so "all but the newest
+     * STAGES - 2 groups are complete" means chunk c is. */
+    constexpr uint32_t STAGES = C::STAGES;
     const uint32_t chunks = (h + C::CHUNK - 1) / C::CHUNK;
-    uint4 staged[DEPTH][C::JOBS];
-    TOVL_UNROLL
-    for (uint32_t d = 0; d < DEPTH; d++) {
-        if (d < chunks) {
-            lmhead_load<C>(staged[d], src, d, h, vectors);
-        }
-    }
     __syncthreads(); /* the shared memory is free (previous tile, row scan) */
-    lmhead_store<C>(sh, staged[0], 0);
-    if (DEPTH < chunks) {
-        lmhead_load<C>(staged[0], src, DEPTH, h, vectors);
+    TOVL_UNROLL
+    for (uint32_t c = 0; c + 1 < STAGES; c++) {
+        if (c < chunks) {
+            lmhead_stage<C>(sh, src, c, c, h, vectors);
+        }
+        copy_async_commit();
     }
-    __syncthreads();
-    for (uint32_t c0 = 0; c0 < chunks; c0 += DEPTH) {
-        TOVL_UNROLL
-        for (uint32_t d = 0; d < DEPTH; d++) {
-            const uint32_t c = c0 + d;
-            if (c < chunks) { /* uniform across the block */
-                const uint32_t buf = c % 2, valid = h - c * C::CHUNK;
-                if (valid >= C::CHUNK) {
-                    lmhead_accumulate<C, false>(sh, acc, buf, group, q, valid);
-                } else {
-                    lmhead_accumulate<C, true>(sh, acc, buf, group, q, valid);
-                }
-                const uint32_t next = (d + 1) % DEPTH; /* ring slot of chunk c + 1 (unrolled: a constant) */
-                if (c + 1 < chunks) {
-                    lmhead_store<C>(sh, staged[next], buf ^ 1u);
-                    if (c + 1 + DEPTH < chunks) {
-                        lmhead_load<C>(staged[next], src, c + 1 + DEPTH, h, vectors);
-                    }
-                }
-                __syncthreads(); /* chunk c + 1 is staged; nobody reads chunk c */
-            }
+    for (uint32_t c = 0; c < chunks; c++) {
+        copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
+        __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
+        const uint32_t next = c + STAGES - 1;
+        if (next < chunks) {
+            lmhead_stage<C>(sh, src, next, next % STAGES, h, vectors); /* the slot of chunk c - 1 */
+        }
+        copy_async_commit();
+        const uint32_t buf = c % STAGES, valid = h - c * C::CHUNK;
+        if (valid >= C::CHUNK) {
+            lmhead_accumulate<C, false>(sh, acc, buf, group, q, valid);
+        } else {
+            lmhead_accumulate<C, true>(sh, acc, buf, group, q, valid);
         }
     }
+    copy_async_wait<0>(); /* nothing is in flight (only empty groups are left) */
+    __syncthreads();      /* the tree reuses the staging memory */
 
     /* The tree, ROUND cells of each group at a time: every thread writes its
-     * two lanes of those cells, then each warp finishes whole cells. */
+     * two lanes of those cells, then each warp finishes four cells. */
     /* The threads that stage a row's first vector tell its t (no register
      * holds the row numbers through the loop). */
     TOVL_UNROLL
@@ -315,31 +348,42 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         if (r0 > 0) {
             __syncthreads(); /* the previous round's lanes are read */
         }
+        /* Cells 2p and 2p + 1 of the round share an entry per lane, so this
+         * thread's lanes 2q, 2q + 1 of both are one 16-byte store. */
         TOVL_UNROLL
-        for (uint32_t i = 0; i < C::ROUND; i++) {
-            const uint32_t cell = r0 + i, m = cell / C::TN, n = cell % C::TN;
-            *reinterpret_cast<float2 *>(&sh.tree.lanes[group][i][2 * q]) = make_float2(acc[m][n][0], acc[m][n][1]);
+        for (uint32_t i = 0; i < C::ROUND; i += 2) {
+            const uint32_t c0 = r0 + i, c1 = c0 + 1;
+            const float(&e)[2] = acc[c0 / C::TN][c0 % C::TN], (&o)[2] = acc[c1 / C::TN][c1 % C::TN];
+            store16(&sh.tree.lanes[group][i / 2][2 * q],
+                    uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
         }
         __syncthreads();
+        /* Warp w takes the pairs w and w + WARPS: cells 0..3 below. */
+        float v[4];
         TOVL_UNROLL
-        for (uint32_t job = warp; job < 2 * C::ROUND; job += C::WARPS) {
-            const uint32_t g = job / C::ROUND, i = job % C::ROUND, cell = r0 + i;
-            const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN;
-            float p[8];
+        for (uint32_t half = 0; half < 2; half++) {
+            const uint32_t pair = warp + half * C::WARPS, g = pair / (C::ROUND / 2), pi = pair % (C::ROUND / 2);
+            float2 p[8];
             TOVL_UNROLL
             for (uint32_t u = 0; u < 8; u++) {
-                p[u] = sh.tree.lanes[g][i][lane + WARP * u];
+                p[u] = sh.tree.lanes[g][pi][lane + WARP * u];
             }
-            const float dot = lmhead_tree(p);
-            const uint32_t t = sh.tree.rows[m];
-            if (lane == 0 && t != UINT32_MAX && k < k_end) {
+            v[2 * half] = lmhead_tree_in_thread(p, 0);
+            v[2 * half + 1] = lmhead_tree_in_thread(p, 1);
+        }
+        const uint32_t c = lmhead_tree_across_warp(v, lane); /* on lanes 0, 8, 16, 24: cell c */
+        if (lane % 8 == 0) {
+            const uint32_t pair = warp + (c / 2) * C::WARPS, g = pair / (C::ROUND / 2);
+            const uint32_t cell = r0 + 2 * (pair % (C::ROUND / 2)) + c % 2;
+            const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN, t = sh.tree.rows[m];
+            if (t != UINT32_MAX && k < k_end) {
                 const uint32_t id = ldg(ids + k);
                 if (id < a.vocab) {
                     const size_t cell_at = (size_t)t * a.ld + id;
                     if (F32_LOGITS) {
-                        ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(dot);
+                        ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v[0]);
                     } else {
-                        ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(dot);
+                        ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v[0]);
                     }
                 }
             }
