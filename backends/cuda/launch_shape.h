@@ -36,7 +36,7 @@
 #define TOVL_CUDA_LMHEAD_LARGE_TN 8
 #endif
 #ifndef TOVL_CUDA_LMHEAD_LARGE_STAGES
-#define TOVL_CUDA_LMHEAD_LARGE_STAGES 4
+#define TOVL_CUDA_LMHEAD_LARGE_STAGES 3
 #endif
 #define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
 /* Blocks per SM the compiler must leave registers for (__launch_bounds__):

@@ -80,6 +80,8 @@ union alignas(16) LmheadShared {
     struct {
         uint32_t count[WARP]; /* rows per slot of the window */
         uint32_t pick[4];     /* found, slot, group; the window's groups */
+        uint64_t rows, ids;   /* the picked slot's table cells */
+        uint32_t n;
     } pick;
     struct {
         uint32_t warp_count[C::WARPS];
@@ -95,6 +97,14 @@ union alignas(16) LmheadShared {
 __device__ __forceinline__ uint32_t lmhead_rows_of(const tovl_lmhead_overlay_args &a, uint32_t s) {
     return min_of(ldg(ptr<const uint32_t>(a.n_table) + s), a.max_n);
 }
+
+/* The table cells of the slot a block works on: overlay rows, their ids,
+ * and how many the kernel computes (lmhead_rows_of). */
+struct LmheadSlot {
+    const uint16_t *rows;
+    const uint32_t *ids;
+    uint32_t n;
+};
 
 /* Rows g * BM .. + BM of slot s, in increasing t, into sh.scan.rows; returns
  * how many there are (0..BM). Stops scanning once the group is complete. */
@@ -272,10 +282,11 @@ __device__ __forceinline__ uint32_t lmhead_tree_across_warp(float (&v)[4], uint3
 /* One tile: the rows x_src points at (null: no row) x overlay rows
  * [k0, k_end) of slot s. Every thread calls it. */
 template <class C, bool F32_LOGITS>
-__device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args &a, uint32_t s,
-                            const uint16_t *const (&x_src)[C::X_JOBS], uint32_t k0, uint32_t k_end) {
+__device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], const tovl_lmhead_overlay_args &a,
+                            const LmheadSlot &slot, const uint16_t *const (&x_src)[C::X_JOBS], uint32_t k0,
+                            uint32_t k_end) {
     const uint32_t h = a.h, tid = threadIdx.x;
-    const uint16_t *w_rows = ptr<const uint16_t>(ldg(ptr<const uint64_t>(a.rows_table) + s));
+    const uint16_t *w_rows = slot.rows;
     const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)w_rows) & 15u) == 0;
     const uint16_t *src[C::JOBS];
     TOVL_UNROLL
@@ -311,6 +322,11 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         }
         copy_async_commit();
     }
+    /* The tile's ids, for the stores after the loop: fetched while the first
+     * chunks are in flight rather than after the tree. */
+    if (tid < C::BN) {
+        tile_ids[tid] = k0 + tid < k_end ? ldg(slot.ids + k0 + tid) : UINT32_MAX;
+    }
     for (uint32_t c = 0; c < chunks; c++) {
         copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
         __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
@@ -341,7 +357,6 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
             sh.tree.rows[v / C::ROW_VECS] = src[j] ? (uint32_t)((size_t)(src[j] - hidden) / h) : UINT32_MAX;
         }
     }
-    const uint32_t *ids = ptr<const uint32_t>(ldg(ptr<const uint64_t>(a.ids_table) + s));
     const uint32_t lane = lane_id(), warp = tid / WARP;
     TOVL_UNROLL
     for (uint32_t r0 = 0; r0 < C::CELLS; r0 += C::ROUND) {
@@ -377,7 +392,7 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
             const uint32_t cell = r0 + 2 * (pair % (C::ROUND / 2)) + c % 2;
             const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN, t = sh.tree.rows[m];
             if (t != UINT32_MAX && k < k_end) {
-                const uint32_t id = ldg(ids + k);
+                const uint32_t id = tile_ids[k - k0];
                 if (id < a.vocab) {
                     const size_t cell_at = (size_t)t * a.ld + id;
                     if (F32_LOGITS) {
@@ -396,10 +411,19 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
  * slot. Slots are counted a window of 32 at a time (a warp scans them). */
 template <class C>
 __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args &a, uint32_t &slot,
-                            uint32_t &group) {
+                            uint32_t &group, LmheadSlot &cells) {
     const uint32_t tid = threadIdx.x, lane = lane_id(), x = blockIdx.x, k0 = blockIdx.y * C::BN;
     uint32_t before = 0; /* groups of the windows before; the same in every thread */
     for (uint32_t base = 0; base < a.max_loras; base += WARP) {
+        /* The window's table cells, loaded alongside the row slots below
+         * (one global round trip instead of three in a row). */
+        uint32_t n = 0;
+        uint64_t rows = 0, ids = 0;
+        if (tid < WARP && base + lane < a.max_loras) {
+            n = lmhead_rows_of(a, base + lane);
+            rows = ldg(ptr<const uint64_t>(a.rows_table) + base + lane);
+            ids = ldg(ptr<const uint64_t>(a.ids_table) + base + lane);
+        }
         __syncthreads(); /* the previous window's counts and pick are read */
         if (tid < WARP) {
             sh.pick.count[tid] = 0;
@@ -417,7 +441,7 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         __syncthreads();
         if (tid < WARP) {
             const uint32_t s = base + lane;
-            const bool live = s < a.max_loras && lmhead_rows_of(a, s) > k0;
+            const bool live = s < a.max_loras && n > k0;
             const uint32_t groups = live ? (sh.pick.count[lane] + C::BM - 1) / C::BM : 0u;
             uint32_t end = groups; /* inclusive scan over the window's slots */
             TOVL_UNROLL
@@ -430,6 +454,9 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
                 sh.pick.pick[0] = 1;
                 sh.pick.pick[1] = s;
                 sh.pick.pick[2] = x - start;
+                sh.pick.rows = rows;
+                sh.pick.ids = ids;
+                sh.pick.n = n;
             }
             if (lane == WARP - 1) {
                 sh.pick.pick[3] = end;
@@ -439,6 +466,7 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         if (sh.pick.pick[0]) {
             slot = sh.pick.pick[1];
             group = sh.pick.pick[2];
+            cells = LmheadSlot{ptr<const uint16_t>(sh.pick.rows), ptr<const uint32_t>(sh.pick.ids), sh.pick.n};
             return true;
         }
         before += sh.pick.pick[3];
@@ -449,12 +477,14 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
 template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     __shared__ LmheadShared<C> sh;
+    __shared__ uint32_t tile_ids[C::BN]; /* outside sh: written before the loop, read after it */
     const uint32_t tid = threadIdx.x;
     uint32_t s, g;
-    if (!lmhead_pick<C>(sh, a, s, g)) {
+    LmheadSlot cells;
+    if (!lmhead_pick<C>(sh, a, s, g, cells)) {
         return; /* uniform: more blocks than groups */
     }
-    const uint32_t n = lmhead_rows_of(a, s);
+    const uint32_t n = cells.n;
     __syncthreads(); /* the pick is read */
     const uint32_t len = lmhead_find_rows<C>(sh, a, s, g);
     /* The tile's rows, kept in registers: the shared memory is reused. */
@@ -466,7 +496,7 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     }
     /* Columns beyond CUDA's y limit: block y also does y + gridDim.y, ... */
     for (uint32_t k0 = blockIdx.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
-        lmhead_tile<C, F32_LOGITS>(sh, a, s, x_src, k0, min_of(k0 + C::BN, n));
+        lmhead_tile<C, F32_LOGITS>(sh, tile_ids, a, cells, x_src, k0, min_of(k0 + C::BN, n));
     }
 }
 
