@@ -5,11 +5,10 @@
 # each line shows registers and local (spill) bytes per thread.
 #
 #   bash bench/lmhead-variants.sh [seed] ['label|-D flags' ...]
-# With no variants given, runs the list below: the next experiments of the
-# tuning log in docs/PERFORMANCE.md: 2 blocks per SM (16 warps) at 128
-# registers, which ptxas fits without spilling for these shapes (capping the
-# 8 x 16 large tiles instead spills 1.6 KB a thread). Needs nvcc
-# and a GPU; about a minute on an H200 machine.
+# With no variants given, runs the list below: the default against the
+# alternatives the lm_head tuning log in docs/PERFORMANCE.md measured last
+# (2 blocks per SM at 128 registers; other ring depths). Needs nvcc and a
+# GPU; about a minute on an H200 machine.
 set -uo pipefail
 seed=${1:-12345}
 shift || true
@@ -19,9 +18,9 @@ if [ $# -gt 0 ]; then
 else
   variants=(
     "default|"
+    "large 8x8 tiles, 2 blocks per SM|-DTOVL_CUDA_LMHEAD_LARGE_TN=4 -DTOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS=2"
     "small capped at 128 registers|-DTOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS=2"
-    "large 8x8 tiles, 128 registers|-DTOVL_CUDA_LMHEAD_LARGE_TN=4 -DTOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS=2"
-    "small depth 1, 128 registers|-DTOVL_CUDA_LMHEAD_SMALL_DEPTH=1 -DTOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS=2"
+    "small ring of 6 chunks|-DTOVL_CUDA_LMHEAD_SMALL_STAGES=6"
   )
 fi
 work=$(mktemp -d)

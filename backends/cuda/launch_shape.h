@@ -31,7 +31,8 @@
 /* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
  * 8 rows x 16 overlay rows, each thread 8 x 8 cells (two lanes each). STAGES:
  * chunks of 256 elements in the shared-memory ring (STAGES - 1 in flight while
- * one is computed); 4 x 12 KB is the 48 KB of static shared memory. */
+ * one is computed), 12 KB each; 3 and 4 timed the same on the H200, and 4
+ * leaves no room in the 48 KB of static shared memory for the tile's ids. */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_TN
 #define TOVL_CUDA_LMHEAD_LARGE_TN 8
 #endif
@@ -46,10 +47,10 @@
 #endif
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
- * for small batches: tiles of 8 x 8, so that more blocks share the work, and
- * two chunks of loads in flight (a chunk's math is short). Measured on the
- * H200 (docs/PERFORMANCE.md, lm_head tuning log): 8 x 8 / depth 2 beats
- * 8 x 4 / depth 2, 4 or 8 at T = 64. */
+ * for small batches: tiles of 8 x 8, so that more blocks share the work, a
+ * ring of 8 KB chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head
+ * tuning log): 8 x 8 beats 8 x 4 at T = 64 (more blocks, less reuse), and 3,
+ * 4 or 6 chunks time within 2% of each other. */
 #ifndef TOVL_CUDA_LMHEAD_SMALL_TN
 #define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif
