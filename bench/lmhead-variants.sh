@@ -7,7 +7,7 @@
 #   bash bench/lmhead-variants.sh [seed] ['label|-D flags' ...]
 # With no variants given, runs the list below: the default against the
 # alternatives the lm_head tuning log in docs/PERFORMANCE.md measured last
-# (2 blocks per SM at 128 registers; other ring depths). Needs nvcc and a
+# (the 8 x 16 tiles at one block per SM; other ring depths, register caps). Needs nvcc and a
 # GPU; about a minute on an H200 machine.
 set -uo pipefail
 seed=${1:-12345}
@@ -18,7 +18,7 @@ if [ $# -gt 0 ]; then
 else
   variants=(
     "default|"
-    "large 8x8 tiles, 2 blocks per SM|-DTOVL_CUDA_LMHEAD_LARGE_TN=4 -DTOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS=2"
+    "large 8x16 tiles, 1 block per SM|-DTOVL_CUDA_LMHEAD_LARGE_TN=8 -DTOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS=1"
     "small capped at 128 registers|-DTOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS=2"
     "small ring of 6 chunks|-DTOVL_CUDA_LMHEAD_SMALL_STAGES=6"
   )

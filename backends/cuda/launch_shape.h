@@ -19,7 +19,7 @@
  * A module without it (another port's kernels loaded through
  * tovl_cuda_backend_open_image) is launched by the generic convention of
  * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
-#define TOVL_CUDA_PORT_ABI 2
+#define TOVL_CUDA_PORT_ABI 3
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 128
@@ -29,12 +29,13 @@
 #define TOVL_CUDA_LMHEAD_BM 8
 
 /* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
- * 8 rows x 16 overlay rows, each thread 8 x 8 cells (two lanes each). STAGES:
- * chunks of 256 elements in the shared-memory ring (STAGES - 1 in flight while
- * one is computed), 12 KB each; 3 and 4 timed the same on the H200, and 4
- * leaves no room in the 48 KB of static shared memory for the tile's ids. */
+ * 8 rows x 8 overlay rows, each thread 8 x 4 cells (two lanes each), capped
+ * at 128 registers so that two blocks (16 warps) share an SM. STAGES: chunks
+ * of 256 elements in the shared-memory ring (STAGES - 1 in flight while one
+ * is computed), 8 KB each. On the H200 this beat 8 x 16 tiles at one block
+ * per SM (255 registers) by 5% at T = 512 (docs/PERFORMANCE.md, tuning log). */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_TN
-#define TOVL_CUDA_LMHEAD_LARGE_TN 8
+#define TOVL_CUDA_LMHEAD_LARGE_TN 4
 #endif
 #ifndef TOVL_CUDA_LMHEAD_LARGE_STAGES
 #define TOVL_CUDA_LMHEAD_LARGE_STAGES 3
@@ -43,14 +44,15 @@
 /* Blocks per SM the compiler must leave registers for (__launch_bounds__):
  * 1 lets a thread use 255; 2 caps it at 128 (16 warps per SM). */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS
-#define TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS 1
+#define TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS 2
 #endif
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
- * for small batches: tiles of 8 x 8, so that more blocks share the work, a
- * ring of 8 KB chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head
- * tuning log): 8 x 8 beats 8 x 4 at T = 64 (more blocks, less reuse), and 3,
- * 4 or 6 chunks time within 2% of each other. */
+ * for batches that give fewer large tiles than SMs: the same 8 x 8 tiles,
+ * registers not capped (such a batch fills one block per SM at most) and a
+ * ring of 4 chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning
+ * log): 8 x 8 beats 8 x 4 at T = 64 (more blocks, less reuse), and 3, 4 or 6
+ * chunks, or a 128-register cap, time within 2% of each other. */
 #ifndef TOVL_CUDA_LMHEAD_SMALL_TN
 #define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif

@@ -327,7 +327,8 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
     if (tid < C::BN) {
         tile_ids[tid] = k0 + tid < k_end ? ldg(slot.ids + k0 + tid) : UINT32_MAX;
     }
-    for (uint32_t c = 0; c < chunks; c++) {
+    /* Chunk c: wait for it, free the slot of chunk c - 1 for chunk c + STAGES - 1. */
+    const auto advance = [&](uint32_t c) {
         copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
         __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
         const uint32_t next = c + STAGES - 1;
@@ -335,12 +336,18 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
             lmhead_stage<C>(sh, src, next, next % STAGES, h, vectors); /* the slot of chunk c - 1 */
         }
         copy_async_commit();
-        const uint32_t buf = c % STAGES, valid = h - c * C::CHUNK;
-        if (valid >= C::CHUNK) {
-            lmhead_accumulate<C, false>(sh, acc, buf, group, q, valid);
-        } else {
-            lmhead_accumulate<C, true>(sh, acc, buf, group, q, valid);
-        }
+    };
+    /* The whole chunks, then the partial one past them (if h % CHUNK != 0):
+     * two loops rather than a branch in one keep the hot loop free of the
+     * reconvergence points ptxas puts around a branch it cannot prove uniform. */
+    const uint32_t whole = h / C::CHUNK;
+    for (uint32_t c = 0; c < whole; c++) {
+        advance(c);
+        lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
+    }
+    if (whole < chunks) {
+        advance(whole);
+        lmhead_accumulate<C, true>(sh, acc, whole % STAGES, group, q, h - whole * C::CHUNK);
     }
     copy_async_wait<0>(); /* nothing is in flight (only empty groups are left) */
     __syncthreads();      /* the tree reuses the staging memory */
