@@ -20,7 +20,7 @@ else
     "default|"
     "large 8x16 tiles, 1 block per SM|-DTOVL_CUDA_LMHEAD_LARGE_TN=8 -DTOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS=1"
     "small capped at 128 registers|-DTOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS=2"
-    "small ring of 6 chunks|-DTOVL_CUDA_LMHEAD_SMALL_STAGES=6"
+    "small ring of 3 chunks|-DTOVL_CUDA_LMHEAD_SMALL_STAGES=3"
   )
 fi
 work=$(mktemp -d)

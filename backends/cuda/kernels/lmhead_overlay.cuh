@@ -22,7 +22,9 @@
  * rounded to nearest even. Elements past h are skipped, not multiplied by
  * zero (0 * Inf is NaN, and -0 + +0 is +0). The tree (strides 128 .. 1) is
  * done after the loop through shared memory, a round of cells at a time: each
- * warp finishes whole cells exactly as the spec pairs the lanes.
+ * warp finishes four cells exactly as the spec pairs the lanes (strides 128,
+ * 64, 32 in each thread, 16 and 8 as a reduce-scatter over the four cells,
+ * 4, 2, 1 by shuffles), and their ids are fetched while the first chunks load.
  *
  * Staging. Operands stay bf16 in shared memory (0.5 byte of shared traffic per
  * MAC) in a ring of STAGES chunks filled by cp.async (sm_80 and newer): global
