@@ -175,15 +175,39 @@ __device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t
     }
 }
 
+/* Lane 2q + HALF of every cell: the product of the element HALF of each
+ * hidden-row word and each overlay-row word, added to that lane's sum. Each
+ * round of products is formed before it is added, so that ptxas has them in
+ * flight together rather than chaining each product to its sum. */
+template <class C, uint32_t HALF>
+__device__ __forceinline__ void lmhead_lane(const uint32_t (&xp)[C::TM], const uint32_t (&wp)[C::TN],
+                                            float (&acc)[C::TM][C::TN][2]) {
+    float w[C::TN];
+    TOVL_UNROLL
+    for (uint32_t n = 0; n < C::TN; n++) {
+        w[n] = HALF ? pair_hi(wp[n]) : pair_lo(wp[n]);
+    }
+    TOVL_UNROLL
+    for (uint32_t m = 0; m < C::TM; m++) {
+        const float x = HALF ? pair_hi(xp[m]) : pair_lo(xp[m]);
+        float prod[C::TN];
+        TOVL_UNROLL
+        for (uint32_t n = 0; n < C::TN; n++) {
+            prod[n] = __fmul_rn(x, w[n]);
+        }
+        TOVL_UNROLL
+        for (uint32_t n = 0; n < C::TN; n++) {
+            acc[m][n][HALF] = __fadd_rn(acc[m][n][HALF], prod[n]);
+        }
+    }
+}
+
 /* One chunk: each of this thread's lanes adds its element's product.
- * PARTIAL: only the first `valid` elements of the chunk exist. Each round of
- * products is formed before it is added, so that ptxas has them in flight
- * together rather than chaining each product to its sum. */
+ * PARTIAL: only the first `valid` elements of the chunk exist. */
 template <class C, bool PARTIAL>
 __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, float (&acc)[C::TM][C::TN][2],
                                                   uint32_t buf, uint32_t group, uint32_t q, uint32_t valid) {
     const uint32_t e = 2 * q;
-    const bool lo_ok = !PARTIAL || e < valid, hi_ok = !PARTIAL || e + 1 < valid;
     uint32_t xp[C::TM], wp[C::TN];
     TOVL_UNROLL
     for (uint32_t m = 0; m < C::TM; m++) {
@@ -193,45 +217,11 @@ __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, flo
     for (uint32_t n = 0; n < C::TN; n++) {
         wp[n] = sh.stage.w[buf][group * C::TN + n][q];
     }
-    if (lo_ok) {
-        float wl[C::TN];
-        TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            wl[n] = pair_lo(wp[n]);
-        }
-        TOVL_UNROLL
-        for (uint32_t m = 0; m < C::TM; m++) {
-            const float xl = pair_lo(xp[m]);
-            float prod[C::TN];
-            TOVL_UNROLL
-            for (uint32_t n = 0; n < C::TN; n++) {
-                prod[n] = __fmul_rn(xl, wl[n]);
-            }
-            TOVL_UNROLL
-            for (uint32_t n = 0; n < C::TN; n++) {
-                acc[m][n][0] = __fadd_rn(acc[m][n][0], prod[n]);
-            }
-        }
+    if (!PARTIAL || e < valid) {
+        lmhead_lane<C, 0>(xp, wp, acc);
     }
-    if (hi_ok) {
-        float wh[C::TN];
-        TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            wh[n] = pair_hi(wp[n]);
-        }
-        TOVL_UNROLL
-        for (uint32_t m = 0; m < C::TM; m++) {
-            const float xh = pair_hi(xp[m]);
-            float prod[C::TN];
-            TOVL_UNROLL
-            for (uint32_t n = 0; n < C::TN; n++) {
-                prod[n] = __fmul_rn(xh, wh[n]);
-            }
-            TOVL_UNROLL
-            for (uint32_t n = 0; n < C::TN; n++) {
-                acc[m][n][1] = __fadd_rn(acc[m][n][1], prod[n]);
-            }
-        }
+    if (!PARTIAL || e + 1 < valid) {
+        lmhead_lane<C, 1>(xp, wp, acc);
     }
 }
 
