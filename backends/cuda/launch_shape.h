@@ -33,7 +33,7 @@
  * at 128 registers so that two blocks (16 warps) share an SM. STAGES: chunks
  * of 256 elements in the shared-memory ring (STAGES - 1 in flight while one
  * is computed), 8 KB each. On the H200 this beat 8 x 16 tiles at one block
- * per SM (255 registers) by 5% at T = 512 (docs/PERFORMANCE.md, tuning log). */
+ * per SM (236 registers) by 5% at T = 512 (docs/PERFORMANCE.md, tuning log). */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_TN
 #define TOVL_CUDA_LMHEAD_LARGE_TN 4
 #endif

@@ -26,12 +26,13 @@
  * 64, 32 in each thread, 16 and 8 as a reduce-scatter over the four cells,
  * 4, 2, 1 by shuffles), and their ids are fetched while the first chunks load.
  *
- * Staging. Operands stay bf16 in shared memory (0.5 byte of shared traffic per
- * MAC) in a ring of STAGES chunks filled by cp.async (sm_80 and newer): global
- * to shared without passing through registers, so STAGES - 1 chunks are in
- * flight while one is computed, one barrier per chunk, and the registers stay
- * free for the accumulators and for the products in flight (with the staged
- * vectors in registers, ptxas ran out and chained every product to its sum).
+ * Staging. Operands stay bf16 in shared memory (4 (TM + TN) bytes of shared
+ * traffic per 2 TM TN multiply-adds: 0.75 byte per MAC for 8 x 4 cells) in a
+ * ring of STAGES chunks filled by cp.async (sm_80 and newer): global to shared
+ * without passing through registers, so STAGES - 1 chunks are in flight while
+ * one is computed, one barrier per chunk, and the registers stay free for the
+ * accumulators and for the products in flight (with the staged vectors in
+ * registers, ptxas ran out and chained every product to its sum).
  * Rows that are absent, past h, or not 16-byte aligned are staged by plain
  * stores instead.
  */
