@@ -70,6 +70,14 @@ typedef enum slot_kind {
     SLOT_KIND_COUNT
 } slot_kind;
 
+/* Dots built so that fusing a product into its sum changes the result. */
+typedef enum probe_kind {
+    PROBE_NONE,
+    PROBE_ZEROS,  /* even rows: a subnormal tie among zeros (fma_probe_rows) */
+    PROBE_TINY_W, /* every row: a tie from tiny overlay elements, the hidden side in range (tie_probe_rows) */
+    PROBE_TINY_X, /* the same with the tiny elements on the hidden side */
+} probe_kind;
+
 typedef struct case_def {
     const char *name;
     uint32_t T, h, vocab, extra_ld, max_loras;
@@ -80,26 +88,28 @@ typedef struct case_def {
     bool misaligned;        /* hidden and logits start 2 / 4 bytes past an aligned address */
     bool subnormal_dots;    /* dot products whose results are f32 subnormals */
     bool hostile_slots;     /* most rows carry slots < 0 or >= max_loras */
-    bool fma_probe;         /* even rows: a subnormal tie that a fused multiply-add rounds otherwise */
+    probe_kind fma_probe;   /* dots whose result a fused multiply-add would change (probe_kind) */
 } case_def;
 
 static const case_def hook_cases[] = {
-    {"mixed_untied", 48, 256, 1000, 0, 4, 24, false, false, false, false, false, false, false},
-    {"mixed_tied", 48, 256, 1000, 0, 4, 24, true, false, false, false, false, false, false},
-    {"odd_sizes_h100", 37, 100, 3001, 0, 5, 17, true, false, false, false, false, false, false},
-    {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false, false, false},
-    {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false, false, false},
-    {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false, false, false},
-    {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false, false, false},
-    {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false, false, false},
-    {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false, false, false},
-    {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false, false, false},
-    {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false, false, false},
-    {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false, false, false},
-    {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false, false, false},
-    {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true, false, false},
-    {"slots_out_of_range", 64, 40, 300, 0, 3, 12, true, false, false, false, false, true, false},
-    {"fma_subnormal_tie", 16, 257, 100, 0, 2, 8, false, false, false, false, true, false, true},
+    {"mixed_untied", 48, 256, 1000, 0, 4, 24, false, false, false, false, false, false, PROBE_NONE},
+    {"mixed_tied", 48, 256, 1000, 0, 4, 24, true, false, false, false, false, false, PROBE_NONE},
+    {"odd_sizes_h100", 37, 100, 3001, 0, 5, 17, true, false, false, false, false, false, PROBE_NONE},
+    {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false, false, PROBE_NONE},
+    {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false, false, PROBE_NONE},
+    {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false, false, PROBE_NONE},
+    {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false, false, PROBE_NONE},
+    {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false, false, PROBE_NONE},
+    {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false, false, PROBE_NONE},
+    {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false, false, PROBE_NONE},
+    {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false, false, PROBE_NONE},
+    {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false, false, PROBE_NONE},
+    {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false, false, PROBE_NONE},
+    {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true, false, PROBE_NONE},
+    {"slots_out_of_range", 64, 40, 300, 0, 3, 12, true, false, false, false, false, true, PROBE_NONE},
+    {"fma_subnormal_tie", 16, 257, 100, 0, 2, 8, false, false, false, false, true, false, PROBE_ZEROS},
+    {"fma_tie_tiny_rows", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_W},
+    {"fma_tie_tiny_hidden", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_X},
 };
 #define HOOK_CASE_COUNT (sizeof hook_cases / sizeof hook_cases[0])
 
@@ -295,6 +305,29 @@ static void fma_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
     }
 }
 
+/* Subnormal ties like fma_probe_rows', but among ordinary values and in
+ * whole 256-element runs (h a multiple of 512): a port that fuses a product
+ * into its sum wherever it believes the product exact (say, after a range
+ * check on its inputs) must still get these right. Lane 0 of every dot is
+ * x[0] w[0] = 2^-149, then x[256] w[256] = 2^-150, a tie that the spec's
+ * rounded product makes 0 (sum 2^-149) and an FMA rounds up to 2^-148; every
+ * other lane adds 1 * 1 and then 1 * -1, exactly 0, so the tie is the f32
+ * result. The tiny factors are on the overlay side (PROBE_TINY_W: hidden
+ * factors 2^-60) or the hidden side (PROBE_TINY_X: overlay factors 2^-31). */
+static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side, probe_kind kind) {
+    const bool tiny_here = hidden_side == (kind == PROBE_TINY_X);
+    const int first = tiny_here ? (hidden_side ? -118 : -89) : (hidden_side ? -60 : -31);
+    const int second = tiny_here ? first - 1 : first;
+    for (size_t row = 0; row < count; row++) {
+        uint16_t *p = rows + row * h;
+        for (uint32_t i = 0; i < h; i++) {
+            p[i] = tovl_f32_to_bf16(!hidden_side && (i / 256) % 2 ? -1.0f : 1.0f);
+        }
+        p[0] = tovl_f32_to_bf16(ldexpf(1.0f, first));
+        p[256] = tovl_f32_to_bf16(ldexpf(1.0f, second));
+    }
+}
+
 static void hook_inputs_free(hook_inputs *in) {
     if (in->slots) {
         for (uint32_t s = 0; s < in->c->max_loras; s++) {
@@ -357,9 +390,12 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         distinct_ids(&r, c->vocab, sd->n_lm, sd->lm_ids);
         fill_rows(&r, c, sd->embed_rows, (size_t)sd->n_embed * c->h);
         fill_rows(&r, c, sd->lm_rows, (size_t)sd->n_lm * c->h);
-        if (c->fma_probe) {
+        if (c->fma_probe == PROBE_ZEROS) {
             fma_probe_rows(sd->embed_rows, sd->n_embed, c->h, false);
             fma_probe_rows(sd->lm_rows, sd->n_lm, c->h, false);
+        } else if (c->fma_probe != PROBE_NONE) {
+            tie_probe_rows(sd->embed_rows, sd->n_embed, c->h, false, c->fma_probe);
+            tie_probe_rows(sd->lm_rows, sd->n_lm, c->h, false, c->fma_probe);
         }
     }
     in->active = c->active_slot ? 0 : -1;
@@ -397,8 +433,10 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         in->token_ids[t] = id;
     }
     fill_rows(&r, c, in->hidden, (size_t)c->T * c->h);
-    if (c->fma_probe) {
+    if (c->fma_probe == PROBE_ZEROS) {
         fma_probe_rows(in->hidden, c->T, c->h, true);
+    } else if (c->fma_probe != PROBE_NONE) {
+        tie_probe_rows(in->hidden, c->T, c->h, true, c->fma_probe);
     }
     for (size_t i = 0; i < (size_t)c->T * in->ld; i++) {
         in->logits_bf16[i] = rng_bf16(&r);
