@@ -5,11 +5,13 @@
  * slots random in 0..7 with 1 in 16 at -1, half the token ids overlaid).
  *
  * Needs only nvcc (no tovl build): it compiles the kernels of
- * backends/cuda/kernels/ itself, so -D overrides of launch_shape.h's tunables give variants:
+ * backends/cuda/kernels/ and the backend's launch geometry itself, so -D
+ * overrides of launch_shape.h's tunables give variants:
  *
  *   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
- *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Iinclude \
- *        bench/lmhead_microbench.cu -o /tmp/mb && /tmp/mb [seed]
+ *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Iinclude -Icore \
+ *        bench/lmhead_microbench.cu backends/cuda/cuda_geometry.c core/status.c \
+ *        -o /tmp/mb && /tmp/mb [seed]
  *
  * Every case is first checked bit for bit against a plain implementation of
  * the spec's dot (256 lanes, increasing i, tree 128..1, each product and sum
@@ -27,9 +29,13 @@
 #include <random>
 #include <vector>
 
-/* The kernels themselves (token_overlay.cu adds only the module ABI marker). */
+/* The kernels themselves (token_overlay.cu adds only the module ABI marker),
+ * and the backend's launch geometry (a C header). */
 #include "kernels/embed_overlay.cuh"
 #include "kernels/lmhead_overlay.cuh"
+extern "C" {
+#include "cuda_geometry.h"
+}
 
 #define CK(x)                                                                              \
     do {                                                                                   \
@@ -178,7 +184,9 @@ static int sm_count() {
     return n;
 }
 
-/* The host launch geometry (mirrors backends/cuda/cuda_geometry.c). */
+/* The backend's own launch geometry (backends/cuda/cuda_geometry.c, built
+ * into this program). TOVL_MB_FORCE=large|small overrides the choice of
+ * variant, to compare the two, by telling it the device has 1 SM or very many. */
 typedef void (*LmKernel)(tovl_lmhead_overlay_args);
 struct LmLaunch {
     LmKernel fn;
@@ -187,21 +195,25 @@ struct LmLaunch {
     int regs, spill; /* per thread: registers, local-memory bytes */
 };
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
-    const uint32_t sms = (uint32_t)sm_count();
-    const uint32_t row_groups = (a.T + TOVL_CUDA_LMHEAD_BM - 1) / TOVL_CUDA_LMHEAD_BM;
+    tovl_cuda_device_shape device = {(uint32_t)sm_count()};
+    if (const char *force = getenv("TOVL_MB_FORCE")) {
+        device.sm_count = strcmp(force, "large") == 0 ? 1u : UINT32_MAX;
+    }
+    const uint32_t logical[3] = {a.T, a.max_n, 1};
+    tovl_cuda_launch shape;
+    if (tovl_cuda_native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, logical, &a, &device, &shape) !=
+        TOVL_OK) {
+        fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
+        exit(2);
+    }
     LmLaunch l;
-    /* TOVL_MB_FORCE=large|small overrides the choice, to compare the two. */
-    const char *force = getenv("TOVL_MB_FORCE");
-    l.large = force ? strcmp(force, "large") == 0
-                    : (uint64_t)row_groups * ((a.max_n + TOVL_CUDA_LMHEAD_LARGE_BN - 1) / TOVL_CUDA_LMHEAD_LARGE_BN) >=
-                          sms;
-    const uint32_t bn = l.large ? TOVL_CUDA_LMHEAD_LARGE_BN : TOVL_CUDA_LMHEAD_SMALL_BN;
+    l.large = !shape.small_variant;
     if (l.large) {
         l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
     } else {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
-    l.grid = dim3(row_groups + std::min(a.max_loras, a.T), std::min<uint32_t>((a.max_n + bn - 1) / bn, 65535u), 1);
+    l.grid = dim3(shape.grid[0], shape.grid[1], shape.grid[2]);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, l.fn));
     l.regs = fa.numRegs;
