@@ -29,8 +29,9 @@ i=0
 for v in "${variants[@]}"; do
   # shellcheck disable=SC2086 # the flags are words
   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true -Xcompiler -ffp-contract=off \
-    -I"$here/backends/cuda" -I"$here/include" -I"$here/core" ${v#*|} "$here/bench/lmhead_microbench.cu" \
-    "$here/backends/cuda/cuda_geometry.c" "$here/core/status.c" -o "$work/mb$i" \
+    -I"$here/backends/cuda" -I"$here/backends/cpu" -I"$here/include" -I"$here/core" ${v#*|} \
+    "$here/bench/lmhead_microbench.cu" "$here/backends/cuda/cuda_geometry.c" "$here/backends/cpu/dot.c" \
+    "$here/core/bf16.c" "$here/core/status.c" -o "$work/mb$i" \
     > "$work/build$i.log" 2>&1 &
   i=$((i + 1))
 done

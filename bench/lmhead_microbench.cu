@@ -5,18 +5,18 @@
  * slots random in 0..7 with 1 in 16 at -1, half the token ids overlaid).
  *
  * Needs only nvcc (no tovl build): it compiles the kernels of
- * backends/cuda/kernels/ and the backend's launch geometry itself, so -D
- * overrides of launch_shape.h's tunables give variants:
+ * backends/cuda/kernels/, the backend's launch geometry and the CPU
+ * reference's dot itself, so -D overrides of launch_shape.h's tunables give
+ * variants:
  *
  *   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
- *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Iinclude -Icore \
- *        bench/lmhead_microbench.cu backends/cuda/cuda_geometry.c core/status.c \
- *        -o /tmp/mb && /tmp/mb [seed]
+ *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Ibackends/cpu -Iinclude -Icore \
+ *        bench/lmhead_microbench.cu backends/cuda/cuda_geometry.c backends/cpu/dot.c \
+ *        core/bf16.c core/status.c -o /tmp/mb && /tmp/mb [seed]
  *
- * Every case is first checked bit for bit against a plain implementation of
- * the spec's dot (256 lanes, increasing i, tree 128..1, each product and sum
- * rounded: the host side must be built with -ffp-contract=off) on every cell
- * of the output, with poisoned outputs and sentinels on both sides; then 100
+ * Every case is first checked bit for bit against the CPU reference's dot
+ * (backends/cpu/dot.c: the C files must be built with -ffp-contract=off) on
+ * every cell of the output, with poisoned outputs and sentinels on both sides; then 100
  * launches are captured in a CUDA graph and the median of 20 replays, per
  * launch, is printed. Exit status 1 on any mismatch.
  */
@@ -34,6 +34,7 @@
 #include "kernels/embed_overlay.cuh"
 #include "kernels/lmhead_overlay.cuh"
 extern "C" {
+#include "cpu_kernels.h" /* the reference: the spec's dot and the f32 logit bits */
 #include "cuda_geometry.h"
 }
 
@@ -49,39 +50,6 @@ extern "C" {
 static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
 static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
-
-static float h_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t h_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static uint16_t h_to_bf16(float f) {
-    uint32_t b = h_bits(f);
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0u;
-    return (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
-}
-/* The spec's dot; volatile keeps every product and sum a separate rounding. */
-static float h_dot(const uint16_t *x, const uint16_t *w, uint32_t h) {
-    float p[256];
-    for (int l = 0; l < 256; l++) p[l] = 0.0f;
-    for (uint32_t i = 0; i < h; i++) {
-        volatile float prod = h_bf16(x[i]) * h_bf16(w[i]);
-        volatile float sum = p[i % 256] + prod;
-        p[i % 256] = sum;
-    }
-    for (int s = 128; s >= 1; s /= 2)
-        for (int l = 0; l < s; l++) {
-            volatile float sum = p[l] + p[l + s];
-            p[l] = sum;
-        }
-    return p[0];
-}
 
 /* Device buffer with sentinels around it. */
 struct Guarded {
@@ -135,7 +103,7 @@ static uint16_t random_bf16(std::mt19937_64 &rng) {
     /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
     std::uniform_real_distribution<float> m(-1.0f, 1.0f);
     std::uniform_int_distribution<int> e(-6, 3);
-    return h_to_bf16(std::ldexp(m(rng), e(rng)));
+    return tovl_f32_to_bf16(std::ldexp(m(rng), e(rng)));
 }
 
 static void build(Workload &w, uint32_t T, std::mt19937_64 &rng) {
@@ -288,17 +256,16 @@ static void bench_lmhead(Workload &w, bool f32) {
         if (s < 0) continue;
         for (uint32_t k = 0; k < N; k++) {
             const uint32_t id = w.ids[s][k];
-            const float d = h_dot(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
+            const float d = tovl_cpu_dot_bf16(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
             const size_t c = (size_t)t * VOCAB + id;
             expect_cell[c] = 1;
             cells++;
             if (f32) {
-                uint32_t want = h_bits(d), got;
-                if ((want & 0x7FFFFFFFu) > 0x7F800000u) want = 0x7FC00000u;
+                uint32_t want = tovl_cpu_f32_out_bits(d), got;
                 memcpy(&got, &out[c * 4], 4);
                 bad += got != want;
             } else {
-                uint16_t want = h_to_bf16(d), got;
+                uint16_t want = tovl_f32_to_bf16(d), got;
                 memcpy(&got, &out[c * 2], 2);
                 bad += got != want;
             }
