@@ -317,28 +317,27 @@ unsigned match_any(unsigned mask, uint32_t value) {
     return result;
 }
 
-uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta) {
-    WarpCollective &c = collective_begin("__shfl_down_sync", mask, bits);
-    const unsigned lane = g_launch->current->lane;
-    const uint32_t result = lane + delta < WARP ? c.value[lane + delta] : bits;
-    collective_end(c);
-    return result;
-}
-
-uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
-    WarpCollective &c = collective_begin("__shfl_up_sync", mask, bits);
-    const unsigned lane = g_launch->current->lane;
-    const uint32_t result = lane >= delta ? c.value[lane - delta] : bits;
-    collective_end(c);
-    return result;
-}
-
-uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask) {
-    WarpCollective &c = collective_begin("__shfl_xor_sync", mask, bits);
-    const unsigned from = g_launch->current->lane ^ lane_mask;
+namespace {
+/* The value lane `from` deposited; a lane past the warp (unsigned wrap
+ * included, for shfl_up) keeps its own, as CUDA's shuffles do. */
+uint32_t shuffle_from(const char *op, unsigned mask, uint32_t bits, unsigned from) {
+    WarpCollective &c = collective_begin(op, mask, bits);
     const uint32_t result = from < WARP ? c.value[from] : bits;
     collective_end(c);
     return result;
+}
+} // namespace
+
+uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta) {
+    return shuffle_from("__shfl_down_sync", mask, bits, g_launch->current->lane + delta);
+}
+
+uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
+    return shuffle_from("__shfl_up_sync", mask, bits, g_launch->current->lane - delta);
+}
+
+uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask) {
+    return shuffle_from("__shfl_xor_sync", mask, bits, g_launch->current->lane ^ lane_mask);
 }
 
 void check_aligned(const void *p, size_t alignment) {
