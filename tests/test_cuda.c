@@ -201,8 +201,8 @@ static const cuda_scenario gpu_scenarios[] = {
     {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false},
     {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false},
-    {"windows", 2600, 72, 3000, 6, 5, 1, 1, 21, false},
-    {"shared_bins", 300, 130, 2000, 700, 3, 3, 256, 19, false},
+    {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false},
+    {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false},
     {"active_slot", 700, 264, 4000, 4, 1, 2, 1, 40, true},
     {"many_rows", 40, 512, 50000, 2, 2, 0, 1, 3000, false},
 };

@@ -3,8 +3,8 @@
  * the emulation in backends/cuda/emu, launched with the CUDA backend's own
  * geometry, and checked bit for bit against the CPU reference: the whole
  * conformance suite on device shapes that select either lm_head variant, plus
- * batches that only a GPU-sized launch reaches (T = 512 over 8 slots, several
- * windows of rows, slots sharing a grouping bin). Needs no GPU: this is how
+ * batches that only a GPU-sized launch reaches (T = 512 over 8 slots, 2600
+ * rows, 700 slots). Needs no GPU: this is how
  * the kernels' logic and dot order are verified where CI has no NVIDIA GPU.
  * Threads resume in a random order after each barrier (seeded), so a missing
  * barrier shows up as a mismatch.
@@ -43,7 +43,7 @@ static void conform_on(const tovl_cuda_device_shape *shape, const char *salt) {
     tovl_backend_close(ref);
 }
 
-/* One SM: every batch with 8 or more rows takes the large tiles. */
+/* One SM: every batch takes the large tiles. */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){1}, "cuda_emu_large");
 }
@@ -54,7 +54,8 @@ Test(cuda_emu, conformance_small_tiles_h200_shape, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, "cuda_emu_h200");
 }
 
-/* Uneven shares: units split over 5 and 7 blocks. */
+/* 5 and 7 SMs: the variant is chosen against a small device (most batches
+ * take the large tiles). */
 Test(cuda_emu, conformance_uneven_split, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){5}, "cuda_emu_5");
     conform_on(&(tovl_cuda_device_shape){7}, "cuda_emu_7");
@@ -68,7 +69,7 @@ static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_sc
 }
 
 /* The benchmark's shape: T = 512, h = 4096, 8 slots x 64 rows, on 132 SMs:
- * the large tiles, one block per SM. */
+ * the large tiles, a 72 x 8 grid. */
 Test(cuda_emu, bench_shape_t512, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false});
@@ -80,17 +81,18 @@ Test(cuda_emu, bench_shape_t64, .timeout = 900) {
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false});
 }
 
-/* More rows than one grouping window (1024): two and a half windows. */
-Test(cuda_emu, rows_beyond_one_window, .timeout = 900) {
+/* A long batch: 2600 rows, about 65 row groups per slot, so collecting a
+ * group's rows takes up to 11 passes of 256 rows. */
+Test(cuda_emu, long_batch_many_row_passes, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){4},
-                      &(cuda_scenario){"windows", 2600, 72, 3000, 6, 5, 1, 1, 21, false});
+                      &(cuda_scenario){"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false});
 }
 
-/* max_loras beyond the 256 grouping bins: slots 3, 259, 515 share bin 3, so
- * tiles must be cut where the slot changes. */
-Test(cuda_emu, slots_sharing_a_bin, .timeout = 900) {
+/* max_loras 700: the tile pick walks 22 windows of 32 slots, and the slots
+ * with rows (3, 259, 515) sit in windows 0, 8 and 16. */
+Test(cuda_emu, slots_in_many_pick_windows, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){2},
-                      &(cuda_scenario){"shared_bins", 300, 130, 2000, 700, 3, 3, 256, 19, false});
+                      &(cuda_scenario){"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false});
 }
 
 /* One active slot for every row (decode): one group of all rows. */
