@@ -33,7 +33,6 @@
  * and the backend's launch geometry (a C header). */
 #include "kernels/embed_overlay.cuh"
 #include "kernels/lmhead_overlay.cuh"
-#include "lmhead_tx_prototype.cuh"
 extern "C" {
 #include "cpu_kernels.h" /* the reference: the spec's dot and the f32 logit bits */
 #include "cuda_geometry.h"
@@ -104,11 +103,6 @@ static uint16_t random_bf16(std::mt19937_64 &rng) {
     /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
     std::uniform_real_distribution<float> m(-1.0f, 1.0f);
     std::uniform_int_distribution<int> e(-6, 3);
-    static const double bad_p = getenv("TOVL_MB_BAD") ? atof(getenv("TOVL_MB_BAD")) : 0.0;
-    if (bad_p > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < bad_p) {
-        static const float special[] = {0.0f, -0.0f, 0x1p-100f, -0x1p-70f, 0x1p70f, 0x1p-130f, 1e30f};
-        return tovl_f32_to_bf16(special[std::uniform_int_distribution<int>(0, 6)(rng)]);
-    }
     return tovl_f32_to_bf16(std::ldexp(m(rng), e(rng)));
 }
 
@@ -188,11 +182,6 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
     l.grid = dim3(shape.grid[0], shape.grid[1], shape.grid[2]);
-    if (getenv("TOVL_MB_TX")) {
-        l.fn = f32 ? lmhead_tx_f32 : lmhead_tx_bf16;
-        l.large = true;
-        l.grid = dim3(((a.T + 15) / 16 + std::min(a.max_loras, a.T)) * std::min((a.max_n + 15) / 16, 65535u), 1, 1);
-    }
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, l.fn));
     l.regs = fa.numRegs;
@@ -289,32 +278,6 @@ static void bench_lmhead(Workload &w, bool f32) {
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
-#if defined(TX_TIMING)
-    if (getenv("TOVL_MB_TX")) {
-        static unsigned long long zero[3 * 4096];
-        CK(cudaMemcpyToSymbol(tx_timing, zero, sizeof zero));
-        l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS>>>(a);
-        CK(cudaDeviceSynchronize());
-        static unsigned long long tm[3 * 4096];
-        CK(cudaMemcpyFromSymbol(tm, tx_timing, sizeof tm));
-        unsigned long long t0 = ~0ull, t1 = 0;
-        std::vector<double> dur;
-        int per_sm[256] = {0};
-        for (unsigned b = 0; b < l.grid.x; b++) {
-            if (!tm[3 * b]) continue;
-            t0 = std::min(t0, tm[3 * b]);
-            t1 = std::max(t1, tm[3 * b + 1]);
-            dur.push_back((tm[3 * b + 1] - tm[3 * b]) / 1000.0);
-            per_sm[tm[3 * b + 2] & 255]++;
-        }
-        std::sort(dur.begin(), dur.end());
-        int sms = 0, two = 0;
-        for (int i = 0; i < 256; i++) { sms += per_sm[i] > 0; two += per_sm[i] > 1; }
-        printf("  live blocks %zu on %d SMs (%d with 2+), span %.2f us, block us min %.2f med %.2f max %.2f\n",
-               dur.size(), sms, two, (t1 - t0) / 1000.0, dur.front(), dur[dur.size() / 2], dur.back());
-        for (unsigned b = 0; b < l.grid.x && b < 8; b++) if (tm[3*b]) printf("   b%u sm%llu start %.2f end %.2f\n", b, tm[3*b+2], (tm[3*b]-t0)/1000.0, (tm[3*b+1]-t0)/1000.0);
-    }
-#endif
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
            f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
