@@ -328,6 +328,15 @@ static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
     }
 }
 
+/* The case's probe, if any, written into rows of the hidden or the overlay side. */
+static void probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side, probe_kind kind) {
+    if (kind == PROBE_ZEROS) {
+        fma_probe_rows(rows, count, h, hidden_side);
+    } else if (kind != PROBE_NONE) {
+        tie_probe_rows(rows, count, h, hidden_side, kind);
+    }
+}
+
 static void hook_inputs_free(hook_inputs *in) {
     if (in->slots) {
         for (uint32_t s = 0; s < in->c->max_loras; s++) {
@@ -390,13 +399,8 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         distinct_ids(&r, c->vocab, sd->n_lm, sd->lm_ids);
         fill_rows(&r, c, sd->embed_rows, (size_t)sd->n_embed * c->h);
         fill_rows(&r, c, sd->lm_rows, (size_t)sd->n_lm * c->h);
-        if (c->fma_probe == PROBE_ZEROS) {
-            fma_probe_rows(sd->embed_rows, sd->n_embed, c->h, false);
-            fma_probe_rows(sd->lm_rows, sd->n_lm, c->h, false);
-        } else if (c->fma_probe != PROBE_NONE) {
-            tie_probe_rows(sd->embed_rows, sd->n_embed, c->h, false, c->fma_probe);
-            tie_probe_rows(sd->lm_rows, sd->n_lm, c->h, false, c->fma_probe);
-        }
+        probe_rows(sd->embed_rows, sd->n_embed, c->h, false, c->fma_probe);
+        probe_rows(sd->lm_rows, sd->n_lm, c->h, false, c->fma_probe);
     }
     in->active = c->active_slot ? 0 : -1;
     for (uint32_t t = 0; t < c->T; t++) {
@@ -433,11 +437,7 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         in->token_ids[t] = id;
     }
     fill_rows(&r, c, in->hidden, (size_t)c->T * c->h);
-    if (c->fma_probe == PROBE_ZEROS) {
-        fma_probe_rows(in->hidden, c->T, c->h, true);
-    } else if (c->fma_probe != PROBE_NONE) {
-        tie_probe_rows(in->hidden, c->T, c->h, true, c->fma_probe);
-    }
+    probe_rows(in->hidden, c->T, c->h, true, c->fma_probe);
     for (size_t i = 0; i < (size_t)c->T * in->ld; i++) {
         in->logits_bf16[i] = rng_bf16(&r);
         in->logits_f32[i] = tovl_bf16_to_f32(rng_bf16(&r)) * 1.25f;
