@@ -153,12 +153,25 @@ static int sm_count() {
 }
 
 /* The backend's own launch geometry (backends/cuda/cuda_geometry.c, built
- * into this program). TOVL_MB_FORCE=large|small overrides the choice of
- * variant, to compare the two, by telling it the device has 1 SM or very many. */
+ * into this program) for one kernel; exits on an error. */
+static tovl_cuda_launch native_launch(tovl_cuda_kernel_id kernel, uint32_t x, uint32_t y, const void *args,
+                                      const tovl_cuda_device_shape &device) {
+    const uint32_t logical[3] = {x, y, 1};
+    tovl_cuda_launch shape;
+    if (tovl_cuda_native_launch(kernel, logical, args, &device, &shape) != TOVL_OK) {
+        fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
+        exit(2);
+    }
+    return shape;
+}
+
+/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small
+ * overrides the choice of variant, to compare the two, by telling it the device
+ * has 1 SM or very many. */
 typedef void (*LmKernel)(tovl_lmhead_overlay_args);
 struct LmLaunch {
     LmKernel fn;
-    dim3 grid;
+    dim3 grid, block;
     bool large;
     int regs, spill; /* per thread: registers, local-memory bytes */
 };
@@ -167,13 +180,8 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     if (const char *force = getenv("TOVL_MB_FORCE")) {
         device.sm_count = strcmp(force, "large") == 0 ? 1u : UINT32_MAX;
     }
-    const uint32_t logical[3] = {a.T, a.max_n, 1};
-    tovl_cuda_launch shape;
-    if (tovl_cuda_native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, logical, &a, &device, &shape) !=
-        TOVL_OK) {
-        fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
-        exit(2);
-    }
+    const tovl_cuda_launch shape =
+        native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, device);
     LmLaunch l;
     l.large = !shape.small_variant;
     if (l.large) {
@@ -182,6 +190,7 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
     l.grid = dim3(shape.grid[0], shape.grid[1], shape.grid[2]);
+    l.block = dim3(shape.block[0], shape.block[1], shape.block[2]);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, l.fn));
     l.regs = fa.numRegs;
@@ -244,7 +253,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     a.active_slot = -1;
     a.max_n = N;
     const LmLaunch l = lm_launch(a, f32);
-    l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS>>>(a);
+    l.fn<<<l.grid, l.block>>>(a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -277,7 +286,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     }
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, TOVL_CUDA_LMHEAD_THREADS, 0, st>>>(a); });
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, 0, st>>>(a); });
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
            f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
@@ -302,8 +311,10 @@ static void bench_embed(Workload &w) {
     a.vocab = VOCAB;
     a.max_loras = SLOTS;
     a.active_slot = -1;
-    const uint32_t blocks = w.T; /* a block per token (cuda_geometry.c) */
-    embed_overlay<<<blocks, TOVL_CUDA_EMBED_THREADS>>>(a);
+    const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
+    const dim3 grid(shape.grid[0], shape.grid[1], shape.grid[2]), block(shape.block[0], shape.block[1], shape.block[2]);
+    const uint32_t blocks = grid.x * grid.y * grid.z;
+    embed_overlay<<<grid, block>>>(a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -320,7 +331,7 @@ static void bench_embed(Workload &w) {
     }
     const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<blocks, TOVL_CUDA_EMBED_THREADS, 0, st>>>(a); });
+    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<grid, block, 0, st>>>(a); });
     printf("embed_overlay       T=%-4u %5u rows   blocks %4u  graph %8.2f us  %s\n", w.T, hit, blocks, us,
            pass ? "bit-exact" : "MISMATCH");
     CK(cudaFree(hidden.base));
