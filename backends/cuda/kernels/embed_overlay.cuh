@@ -6,10 +6,9 @@
  * A block per token; the block fetches the slots' table cells alongside the
  * token's slot and id (one global round trip less). The copy uses 16-byte
  * loads and stores from the first element where source and destination both
- * reach a 16-byte boundary (scalar
- * before it and for the tail; scalar throughout when their offsets differ
- * modulo 16, e.g. hidden rows of h = 100), all loads of an iteration issued
- * before its stores.
+ * reach a 16-byte boundary (scalar before it and for the tail; scalar
+ * throughout when their offsets differ modulo 16, e.g. hidden rows of
+ * h = 100), all loads of an iteration issued before its stores.
  */
 #ifndef TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
 #define TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
