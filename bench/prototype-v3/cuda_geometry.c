@@ -1,0 +1,134 @@
+/* PROTOTYPE: an unchanged copy of backends/cuda/cuda_geometry.c, so that its
+ * #include "launch_shape.h" finds this folder's prototype tile shape. */
+/* Launch geometry of the CUDA backend (see cuda_geometry.h and launch_shape.h). */
+#include "cuda_geometry.h"
+
+#include <string.h>
+
+#include "launch_shape.h"
+#include "tovl/backend.h"
+
+const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
+    TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
+
+const char *const tovl_cuda_small_variant_names[TOVL_CUDA_KERNEL_COUNT] = {
+    NULL, NULL, "lmhead_overlay_bf16_small", "lmhead_overlay_f32_small"};
+
+const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
+    sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
+    sizeof(tovl_lmhead_overlay_args)};
+
+/* CUDA's grid limits. */
+#define GRID_X_MAX 2147483647u
+#define GRID_YZ_MAX 65535u
+#define BLOCK_THREADS_MAX 1024u
+
+int tovl_cuda_kernel_by_name(const char *name) {
+    for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
+        if (strcmp(name, tovl_cuda_kernel_names[k]) == 0) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+tovl_status tovl_cuda_check_launch(const char *backend, tovl_kernel kernel, const void *args, size_t args_size,
+                                   tovl_cuda_kernel_id *out) {
+    if (kernel == 0 || kernel > TOVL_CUDA_KERNEL_COUNT) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s: launch of unknown kernel handle %llu", backend,
+                          (unsigned long long)kernel);
+    }
+    const tovl_cuda_kernel_id k = (tovl_cuda_kernel_id)(kernel - 1);
+    if (!args || args_size != tovl_cuda_kernel_args_size[k]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s: %s expects %zu bytes of arguments, got %zu", backend,
+                          tovl_cuda_kernel_names[k], tovl_cuda_kernel_args_size[k], args_size);
+    }
+    *out = k;
+    return TOVL_OK;
+}
+
+static uint32_t ceil_div(uint32_t a, uint32_t b) {
+    return (uint32_t)(((uint64_t)a + b - 1) / b);
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b) {
+    return a < b ? a : b;
+}
+
+static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
+    out->grid[0] = gx;
+    out->grid[1] = out->grid[2] = 1;
+    out->block[0] = bx;
+    out->block[1] = out->block[2] = 1;
+}
+
+/* A block per (group of BM rows of one slot, BN overlay rows); see
+ * launch_shape.h. The slots' groups number at most ceil(T / BM) plus one per
+ * slot that has rows. The large tiles are used when the batch alone gives
+ * every SM at least one tile of them; smaller batches use the small tiles,
+ * whose more numerous blocks keep every SM busy. */
+static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
+                                 tovl_cuda_launch *out) {
+    if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
+        set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
+        return TOVL_OK;
+    }
+    const uint32_t sms = device->sm_count ? device->sm_count : 1;
+    const uint32_t row_groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM);
+    out->small_variant =
+        (uint64_t)row_groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_LARGE_BN) < (uint64_t)sms;
+    const uint32_t bn = out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_BN : TOVL_CUDA_LMHEAD_LARGE_BN;
+    set_dims(out, row_groups + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
+    /* Beyond CUDA's y limit the blocks loop over columns. */
+    out->grid[1] = min_u32(ceil_div(a->max_n, bn), GRID_YZ_MAX);
+    return TOVL_OK;
+}
+
+tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,
+                                    const tovl_cuda_device_shape *device, tovl_cuda_launch *out) {
+    memset(out, 0, sizeof *out);
+    switch (kernel) {
+    case TOVL_CUDA_ROWDIFF:
+        set_dims(out, ceil_div(logical[0], TOVL_CUDA_ROWDIFF_THREADS / 32), TOVL_CUDA_ROWDIFF_THREADS);
+        return TOVL_OK;
+    case TOVL_CUDA_EMBED_OVERLAY:
+        if (logical[0] > GRID_X_MAX) {
+            return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: embed_overlay over %u rows (at most %u)", logical[0],
+                              GRID_X_MAX);
+        }
+        set_dims(out, logical[0], TOVL_CUDA_EMBED_THREADS);
+        return TOVL_OK;
+    case TOVL_CUDA_LMHEAD_BF16:
+    case TOVL_CUDA_LMHEAD_F32:
+        return lmhead_launch(args, device, out);
+    default:
+        return tovl_error(TOVL_ERR_INTERNAL, "cuda: no launch shape for kernel %d", (int)kernel);
+    }
+}
+
+tovl_status tovl_cuda_foreign_shape_check(const char *kernel, const tovl_cuda_foreign_shape *s) {
+    if (s->block_x == 0 || s->block_y == 0 || (uint64_t)s->block_x * s->block_y > BLOCK_THREADS_MAX ||
+        s->items_x == 0 || s->items_y == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "cuda: %s_launch = {%u, %u, %u, %u}: blocks must have 1..%u threads and items be >= 1",
+                          kernel, s->block_x, s->block_y, s->items_x, s->items_y, BLOCK_THREADS_MAX);
+    }
+    return TOVL_OK;
+}
+
+tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shape *shape, const uint32_t logical[3],
+                                     tovl_cuda_launch *out) {
+    memset(out, 0, sizeof *out);
+    const uint32_t gx = ceil_div(logical[0], shape->items_x), gy = ceil_div(logical[1], shape->items_y);
+    if (gx > GRID_X_MAX || gy > GRID_YZ_MAX || logical[2] > GRID_YZ_MAX) {
+        return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: grid %u x %u x %u exceeds the device's limits", gx, gy,
+                          logical[2]);
+    }
+    out->grid[0] = gx;
+    out->grid[1] = gy;
+    out->grid[2] = logical[2];
+    out->block[0] = shape->block_x;
+    out->block[1] = shape->block_y;
+    out->block[2] = 1;
+    return TOVL_OK;
+}

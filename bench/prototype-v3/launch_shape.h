@@ -1,0 +1,93 @@
+/* PROTOTYPE copy of backends/cuda/launch_shape.h for bench/prototype-v3: the
+ * lm_head tile is 8 rows x (threads / 64 * TOVL_V3_TN) overlay rows, and the
+ * TOVL_V3_* / TOVL_V5* switches at the end select the variant (build.sh). */
+/*
+ * How the CUDA port maps the core's logical grids onto blocks: the constants
+ * shared by the kernels (token_overlay.cu) and the host code that launches
+ * them (cuda_geometry.c). Plain C and C++.
+ *
+ *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
+ *   embed_overlay     a block of EMBED_THREADS per token
+ *   lmhead_overlay_*  a block per (group of BM rows of one slot, BN overlay
+ *                     rows): grid (ceil(T / BM) + min(max_loras, T),
+ *                     ceil(max_n / BN) capped at 65535 (blocks then loop), 1);
+ *                     each block finds its slot and group on the device. Each
+ *                     hidden row is read once per BN overlay rows, each
+ *                     overlay row once per BM hidden rows.
+ */
+#ifndef TOVL_CUDA_LAUNCH_SHAPE_H
+#define TOVL_CUDA_LAUNCH_SHAPE_H
+
+/* The value of the module global `tovl_cuda_port_abi` in this port's fatbin.
+ * A module without it (another port's kernels loaded through
+ * tovl_cuda_backend_open_image) is launched by the generic convention of
+ * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
+#define TOVL_CUDA_PORT_ABI 3
+
+#define TOVL_CUDA_ROWDIFF_THREADS 256
+#define TOVL_CUDA_EMBED_THREADS 128
+
+#ifndef TOVL_CUDA_LMHEAD_THREADS
+#define TOVL_CUDA_LMHEAD_THREADS 256
+#endif
+/* Rows per tile (the grid's x unit), the same for both variants. */
+#define TOVL_CUDA_LMHEAD_BM 8
+
+/* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
+ * 8 rows x 8 overlay rows, each thread 8 x 4 cells (two lanes each), capped
+ * at 128 registers so that two blocks (16 warps) share an SM. STAGES: chunks
+ * of 256 elements in the shared-memory ring (STAGES - 1 in flight while one
+ * is computed), 8 KB each. On the H200 this beat 8 x 16 tiles at one block
+ * per SM (236 registers) by 5% at T = 512 (docs/PERFORMANCE.md, tuning log). */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_TN
+#define TOVL_CUDA_LMHEAD_LARGE_TN (TOVL_CUDA_LMHEAD_THREADS / 64 * TOVL_V3_TN / 2)
+#endif
+#ifndef TOVL_CUDA_LMHEAD_LARGE_STAGES
+#define TOVL_CUDA_LMHEAD_LARGE_STAGES 3
+#endif
+#define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
+/* Blocks per SM the compiler must leave registers for (__launch_bounds__):
+ * 1 lets a thread use 255; 2 caps it at 128 (16 warps per SM). */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS
+#define TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS 2
+#endif
+
+/* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
+ * for batches that give fewer large tiles than SMs: the same 8 x 8 tiles,
+ * registers not capped (such a batch fills one block per SM at most) and a
+ * ring of 4 chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning
+ * log): 8 x 8 beats 8 x 4 at T = 64 (more blocks, less reuse), and 3, 4 or 6
+ * chunks, or a 128-register cap, time within 2% of each other. */
+#ifndef TOVL_CUDA_LMHEAD_SMALL_TN
+#define TOVL_CUDA_LMHEAD_SMALL_TN TOVL_CUDA_LMHEAD_LARGE_TN
+#endif
+#ifndef TOVL_CUDA_LMHEAD_SMALL_STAGES
+#define TOVL_CUDA_LMHEAD_SMALL_STAGES 4
+#endif
+#define TOVL_CUDA_LMHEAD_SMALL_BN (2 * TOVL_CUDA_LMHEAD_SMALL_TN)
+#ifndef TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS
+#define TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS 1
+#endif
+
+#ifndef TOVL_V3_ROUNDS
+#define TOVL_V3_ROUNDS 1
+#endif
+#ifndef TOVL_V3_TN
+#define TOVL_V3_TN 4
+#endif
+#ifndef TOVL_V3_MINB
+#define TOVL_V3_MINB 1
+#endif
+#ifndef TOVL_V5
+#define TOVL_V5 0
+#endif
+#ifndef TOVL_V5_AHEAD
+#define TOVL_V5_AHEAD 4
+#endif
+#ifndef TOVL_V3_LEAN
+#define TOVL_V3_LEAN 0
+#endif
+#ifndef TOVL_V3_STAGES
+#define TOVL_V3_STAGES 3
+#endif
+#endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -1,0 +1,386 @@
+/*
+ * PROTOTYPE copy of bench/lmhead_microbench.cu for bench/prototype-v3 (dynamic
+ * shared memory, V3_TIMING phase times); see build.sh there.
+ *
+ * Standalone microbenchmark of the CUDA port's embed_overlay and
+ * lmhead_overlay_{bf16,f32} kernels on the bench workload of
+ * tools/cmd_bench.c (h = 4096, vocab 152064, 8 slots x 64 overlay rows, row
+ * slots random in 0..7 with 1 in 16 at -1, half the token ids overlaid).
+ *
+ * Needs only nvcc (no tovl build): it compiles the kernels of
+ * backends/cuda/kernels/, the backend's launch geometry and the CPU
+ * reference's dot itself, so -D overrides of launch_shape.h's tunables give
+ * variants:
+ *
+ *   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
+ *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Ibackends/cpu -Iinclude -Icore \
+ *        bench/lmhead_microbench.cu backends/cuda/cuda_geometry.c backends/cpu/dot.c \
+ *        core/bf16.c core/status.c -o /tmp/mb && /tmp/mb [seed]
+ *
+ * Every case is first checked bit for bit against the CPU reference's dot
+ * (backends/cpu/dot.c: the C files must be built with -ffp-contract=off) on
+ * every cell of the output, with poisoned outputs and sentinels on both sides; then 100
+ * launches are captured in a CUDA graph and the median of 20 replays, per
+ * launch, is printed. Exit status 1 on any mismatch.
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+/* The kernels themselves (token_overlay.cu adds only the module ABI marker),
+ * and the backend's launch geometry (a C header). */
+#include "kernels/embed_overlay.cuh"
+#include "kernels/lmhead_overlay.cuh"
+extern "C" {
+#include "cpu_kernels.h" /* the reference: the spec's dot and the f32 logit bits */
+#include "cuda_geometry.h"
+}
+
+#define CK(x)                                                                              \
+    do {                                                                                   \
+        cudaError_t e_ = (x);                                                              \
+        if (e_ != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(2);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
+static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
+static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
+
+/* Device buffer with sentinels around it. */
+struct Guarded {
+    uint8_t *base = nullptr;
+    size_t bytes = 0;
+    void alloc(size_t n) {
+        bytes = n;
+        CK(cudaMalloc(&base, n + 2 * GUARD));
+    }
+    uint64_t dev() const { return (uint64_t)(uintptr_t)(base + GUARD); }
+    void poison() {
+        CK(cudaMemset(base, SENTINEL, GUARD));
+        CK(cudaMemset(base + GUARD, POISON, bytes));
+        CK(cudaMemset(base + GUARD + bytes, SENTINEL, GUARD));
+    }
+    void upload(const void *src) {
+        poison();
+        CK(cudaMemcpy(base + GUARD, src, bytes, cudaMemcpyHostToDevice));
+    }
+    bool fetch(std::vector<uint8_t> &out) {
+        std::vector<uint8_t> all(bytes + 2 * GUARD);
+        CK(cudaMemcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost));
+        bool ok = true;
+        for (size_t i = 0; i < GUARD; i++)
+            ok &= all[i] == SENTINEL && all[GUARD + bytes + i] == SENTINEL;
+        out.assign(all.begin() + GUARD, all.begin() + GUARD + bytes);
+        return ok;
+    }
+};
+
+template <class T>
+static uint64_t to_dev(const std::vector<T> &v) {
+    void *p;
+    CK(cudaMalloc(&p, v.size() * sizeof(T) + 16));
+    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return (uint64_t)(uintptr_t)p;
+}
+
+struct Workload {
+    uint32_t T;
+    std::vector<uint16_t> hidden;
+    std::vector<int32_t> slots;
+    std::vector<uint32_t> token_ids;
+    std::vector<std::vector<uint16_t>> rows;     /* per slot [N][H] */
+    std::vector<std::vector<uint32_t>> ids;      /* per slot [N] */
+    std::vector<std::vector<int32_t>> slot_map; /* per slot [VOCAB] */
+    uint64_t d_hidden, d_slots, d_token_ids, d_rows_table, d_ids_table, d_n_table, d_map_table;
+};
+
+static uint16_t random_bf16(std::mt19937_64 &rng) {
+    /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
+    std::uniform_real_distribution<float> m(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> e(-6, 3);
+    return tovl_f32_to_bf16(std::ldexp(m(rng), e(rng)));
+}
+
+static void build(Workload &w, uint32_t T, std::mt19937_64 &rng) {
+    w.T = T;
+    w.hidden.resize((size_t)T * H);
+    for (auto &v : w.hidden) v = random_bf16(rng);
+    w.slots.resize(T);
+    w.token_ids.resize(T);
+    w.rows.assign(SLOTS, {});
+    w.ids.assign(SLOTS, {});
+    w.slot_map.assign(SLOTS, std::vector<int32_t>(VOCAB, -1));
+    std::vector<uint64_t> rows_table(SLOTS), ids_table(SLOTS), map_table(SLOTS);
+    std::vector<uint32_t> n_table(SLOTS, N);
+    for (uint32_t s = 0; s < SLOTS; s++) {
+        w.rows[s].resize((size_t)N * H);
+        for (auto &v : w.rows[s]) v = random_bf16(rng);
+        std::vector<uint32_t> all(VOCAB);
+        for (uint32_t i = 0; i < VOCAB; i++) all[i] = i;
+        for (uint32_t k = 0; k < N; k++) { /* distinct ids: partial shuffle */
+            std::swap(all[k], all[k + rng() % (VOCAB - k)]);
+            w.ids[s].push_back(all[k]);
+            w.slot_map[s][all[k]] = (int32_t)k;
+        }
+        rows_table[s] = to_dev(w.rows[s]);
+        ids_table[s] = to_dev(w.ids[s]);
+        map_table[s] = to_dev(w.slot_map[s]);
+    }
+    for (uint32_t t = 0; t < T; t++) {
+        w.slots[t] = rng() % 16 == 0 ? -1 : (int32_t)(rng() % SLOTS);
+        const uint32_t s = w.slots[t] < 0 ? 0 : (uint32_t)w.slots[t];
+        w.token_ids[t] = rng() % 2 ? w.ids[s][rng() % N] : (uint32_t)(rng() % VOCAB);
+    }
+    w.d_hidden = to_dev(w.hidden);
+    w.d_slots = to_dev(w.slots);
+    w.d_token_ids = to_dev(w.token_ids);
+    w.d_rows_table = to_dev(rows_table);
+    w.d_ids_table = to_dev(ids_table);
+    w.d_n_table = to_dev(n_table);
+    w.d_map_table = to_dev(map_table);
+}
+
+static int sm_count() {
+    int dev, n;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+}
+
+/* The backend's own launch geometry (backends/cuda/cuda_geometry.c, built
+ * into this program) for one kernel; exits on an error. */
+static tovl_cuda_launch native_launch(tovl_cuda_kernel_id kernel, uint32_t x, uint32_t y, const void *args,
+                                      const tovl_cuda_device_shape &device) {
+    const uint32_t logical[3] = {x, y, 1};
+    tovl_cuda_launch shape;
+    if (tovl_cuda_native_launch(kernel, logical, args, &device, &shape) != TOVL_OK) {
+        fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
+        exit(2);
+    }
+    return shape;
+}
+
+/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small
+ * overrides the choice of variant, to compare the two, by telling it the device
+ * has 1 SM or very many. */
+typedef void (*LmKernel)(tovl_lmhead_overlay_args);
+struct LmLaunch {
+    LmKernel fn;
+    dim3 grid, block;
+    bool large;
+    int regs, spill; /* per thread: registers, local-memory bytes */
+};
+static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
+    tovl_cuda_device_shape device = {(uint32_t)sm_count()};
+    if (const char *force = getenv("TOVL_MB_FORCE")) {
+        device.sm_count = strcmp(force, "large") == 0 ? 1u : UINT32_MAX;
+    }
+    const tovl_cuda_launch shape =
+        native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, device);
+    LmLaunch l;
+    l.large = !shape.small_variant;
+    if (l.large) {
+        l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
+    } else {
+        l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
+    }
+    l.grid = dim3(shape.grid[0], shape.grid[1], shape.grid[2]);
+    l.block = dim3(shape.block[0], shape.block[1], shape.block[2]);
+    cudaFuncAttributes fa;
+    CK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)lmhead_dynamic_bytes));
+    if (TOVL_V5) CK(cudaFuncSetAttribute(l.fn, cudaFuncAttributePreferredSharedMemoryCarveout, 0));
+    CK(cudaFuncGetAttributes(&fa, l.fn));
+    l.regs = fa.numRegs;
+    l.spill = (int)fa.localSizeBytes;
+    return l;
+}
+
+/* Median microseconds per launch over 20 replays of a graph of 100 launches. */
+template <class F>
+static double graph_us(F launch) {
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < 100; i++) launch(st);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphLaunch(ge, st)); /* warm up */
+    CK(cudaStreamSynchronize(st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<double> us;
+    for (int r = 0; r < 20; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        us.push_back(ms * 1000.0 / 100.0);
+    }
+    std::sort(us.begin(), us.end());
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    return us[us.size() / 2];
+}
+
+static int failures = 0;
+
+static void bench_lmhead(Workload &w, bool f32) {
+    const size_t esz = f32 ? 4 : 2, bytes = (size_t)w.T * VOCAB * esz;
+    Guarded logits;
+    logits.alloc(bytes);
+    logits.poison();
+    tovl_lmhead_overlay_args a = {};
+    a.logits = logits.dev();
+    a.hidden = w.d_hidden;
+    a.row_slots = w.d_slots;
+    a.rows_table = w.d_rows_table;
+    a.ids_table = w.d_ids_table;
+    a.n_table = w.d_n_table;
+    a.ld = VOCAB;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    a.max_n = N;
+    const LmLaunch l = lm_launch(a, f32);
+#ifdef V3_TIMING
+    {
+        static unsigned long long t[4096][6];
+        for (int warm = 0; warm < 3; warm++) /* the times of the last of three launches */
+            l.fn<<<l.grid, l.block, lmhead_dynamic_bytes>>>(a);
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpyFromSymbol(t, v3_times, sizeof t));
+        unsigned long long t0 = ~0ull, t1 = 0;
+        const uint32_t nb = l.grid.x * l.grid.y;
+        std::vector<double> ph[5];
+        for (uint32_t b = 0; b < nb; b++) {
+            if (!t[b][0]) continue;
+            t0 = std::min(t0, t[b][0]);
+            t1 = std::max(t1, t[b][5] ? t[b][5] : t[b][0]);
+            if (!t[b][5] || !t[b][2]) continue;
+            for (int k = 0; k < 5; k++) ph[k].push_back((t[b][k + 1] - t[b][k]) / 1000.0);
+        }
+        printf("  timing: span %.2f us, live blocks %zu; medians pick %.2f rows %.2f loop %.2f tree %.2f store %.2f\n",
+               (t1 - t0) / 1000.0, ph[0].size(), [&] { auto v = ph[0]; std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size()/2]; }(),
+               [&] { auto v = ph[1]; std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size()/2]; }(),
+               [&] { auto v = ph[2]; std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size()/2]; }(),
+               [&] { auto v = ph[3]; std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size()/2]; }(),
+               [&] { auto v = ph[4]; std::sort(v.begin(), v.end()); return v.empty() ? 0 : v[v.size()/2]; }());
+        logits.poison();
+    }
+#endif
+    l.fn<<<l.grid, l.block, lmhead_dynamic_bytes>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = logits.fetch(out);
+    size_t bad = 0, cells = 0, touched = 0;
+    std::vector<uint8_t> expect_cell((size_t)w.T * VOCAB, 0);
+    for (uint32_t t = 0; t < w.T; t++) {
+        const int32_t s = w.slots[t];
+        if (s < 0) continue;
+        for (uint32_t k = 0; k < N; k++) {
+            const uint32_t id = w.ids[s][k];
+            const float d = tovl_cpu_dot_bf16(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
+            const size_t c = (size_t)t * VOCAB + id;
+            expect_cell[c] = 1;
+            cells++;
+            if (f32) {
+                uint32_t want = tovl_cpu_f32_out_bits(d), got;
+                memcpy(&got, &out[c * 4], 4);
+                bad += got != want;
+            } else {
+                uint16_t want = tovl_f32_to_bf16(d), got;
+                memcpy(&got, &out[c * 2], 2);
+                bad += got != want;
+            }
+        }
+    }
+    for (size_t c = 0; c < expect_cell.size(); c++) {
+        if (expect_cell[c]) continue;
+        for (size_t b = 0; b < esz; b++) touched += out[c * esz + b] != POISON;
+    }
+    const bool pass = ok && bad == 0 && touched == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, lmhead_dynamic_bytes, st>>>(a); });
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
+           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           us, pass ? "bit-exact" : "MISMATCH");
+    if (!pass)
+        printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
+    CK(cudaFree(logits.base));
+}
+
+static void bench_embed(Workload &w) {
+    Guarded hidden;
+    hidden.alloc(w.hidden.size() * 2);
+    hidden.upload(w.hidden.data());
+    tovl_embed_overlay_args a = {};
+    a.hidden = hidden.dev();
+    a.token_ids = w.d_token_ids;
+    a.token_slots = w.d_slots;
+    a.slot_map_table = w.d_map_table;
+    a.rows_table = w.d_rows_table;
+    a.n_table = w.d_n_table;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
+    const dim3 grid(shape.grid[0], shape.grid[1], shape.grid[2]), block(shape.block[0], shape.block[1], shape.block[2]);
+    const uint32_t blocks = grid.x * grid.y * grid.z;
+    embed_overlay<<<grid, block>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = hidden.fetch(out);
+    std::vector<uint16_t> want = w.hidden;
+    uint32_t hit = 0;
+    for (uint32_t t = 0; t < w.T; t++) {
+        const int32_t s = w.slots[t];
+        if (s < 0) continue;
+        const int32_t j = w.slot_map[s][w.token_ids[t]];
+        if (j < 0) continue;
+        hit++;
+        memcpy(&want[(size_t)t * H], &w.rows[s][(size_t)j * H], H * 2);
+    }
+    const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<grid, block, 0, st>>>(a); });
+    printf("embed_overlay       T=%-4u %5u rows   blocks %4u  graph %8.2f us  %s\n", w.T, hit, blocks, us,
+           pass ? "bit-exact" : "MISMATCH");
+    CK(cudaFree(hidden.base));
+}
+
+int main(int argc, char **argv) {
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : std::random_device{}();
+    cudaDeviceProp p;
+    CK(cudaGetDeviceProperties(&p, 0));
+    printf("device %s, %d SMs; seed %llu\n", p.name, p.multiProcessorCount, (unsigned long long)seed);
+    std::mt19937_64 rng(seed);
+    for (uint32_t T : {512u, 64u}) {
+        Workload w;
+        build(w, T, rng);
+        bench_embed(w);
+        bench_lmhead(w, false);
+        bench_lmhead(w, true);
+    }
+    printf("%s\n", failures ? "FAIL" : "all bit-exact");
+    return failures ? 1 : 0;
+}
