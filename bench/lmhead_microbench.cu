@@ -165,6 +165,10 @@ static tovl_cuda_launch native_launch(tovl_cuda_kernel_id kernel, uint32_t x, ui
     return shape;
 }
 
+static dim3 dim3_of(const uint32_t (&v)[3]) {
+    return dim3(v[0], v[1], v[2]);
+}
+
 /* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small
  * overrides the choice of variant, to compare the two, by telling it the device
  * has 1 SM or very many. */
@@ -189,8 +193,8 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     } else {
         l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
     }
-    l.grid = dim3(shape.grid[0], shape.grid[1], shape.grid[2]);
-    l.block = dim3(shape.block[0], shape.block[1], shape.block[2]);
+    l.grid = dim3_of(shape.grid);
+    l.block = dim3_of(shape.block);
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, l.fn));
     l.regs = fa.numRegs;
@@ -312,7 +316,7 @@ static void bench_embed(Workload &w) {
     a.max_loras = SLOTS;
     a.active_slot = -1;
     const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
-    const dim3 grid(shape.grid[0], shape.grid[1], shape.grid[2]), block(shape.block[0], shape.block[1], shape.block[2]);
+    const dim3 grid = dim3_of(shape.grid), block = dim3_of(shape.block);
     const uint32_t blocks = grid.x * grid.y * grid.z;
     embed_overlay<<<grid, block>>>(a);
     CK(cudaGetLastError());
