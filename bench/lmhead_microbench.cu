@@ -38,14 +38,7 @@ extern "C" {
 #include "cuda_geometry.h"
 }
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(2);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "cuda_check.h"
 
 static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
