@@ -13,7 +13,11 @@
 #      (large tiles), each under a time limit;
 #   5. tovl bench --backend cuda (graph-replay and single-launch medians, GB/s,
 #      fraction of the copy bandwidth), then bench/torch_peer.py: the same work
-#      in PyTorch on the same GPU, and both side by side with the goals.
+#      in PyTorch on the same GPU, and both side by side with the goals;
+#   6. the standalone programs of bench/, where the build made them:
+#      lmhead_microbench (the kernels alone on the bench workload, every cell
+#      checked, then timed) and mma_probe (docs/PERFORMANCE.md's seventh
+#      session: tensor-core products checked and their loop timed).
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -69,6 +73,11 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
     --tovl-json "$out/bench.json"
 fi
 
+# 6. The bench/ programs (built by CMake's build check when nvcc saw sm_90).
+for prog in lmhead_microbench mma_probe; do
+  [ -x "$build/backends/cuda/$prog" ] && step "$prog" "$build/backends/cuda/$prog" "$fresh_seed"
+done
+
 echo
 echo "=== cuda summary (seed $fresh_seed; logs in $out)"
 echo "machine:    $(cat "$out/gpu.txt")"
@@ -92,5 +101,8 @@ if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
+for prog in lmhead_microbench mma_probe; do
+  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|part|lmhead_overlay|embed_overlay|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
+done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
