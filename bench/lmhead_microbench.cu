@@ -230,34 +230,7 @@ static double graph_us(F launch) {
 
 static int failures = 0;
 
-#ifdef TOVL_MB_MMA_PROTO
-#include "lmhead_mma_proto.cuh"
-/* The prototype's own launch: a block per (16-row group, 8 overlay rows). */
-static LmLaunch proto_launch(const tovl_lmhead_overlay_args &a, bool f32) {
-    LmLaunch l;
-    l.fn = f32 ? tovl_mma::lmhead_mma<true> : tovl_mma::lmhead_mma<false>;
-    l.grid = dim3((a.T + tovl_mma::BM - 1) / tovl_mma::BM + std::min(a.max_loras, a.T),
-                  (a.max_n + tovl_mma::BN - 1) / tovl_mma::BN);
-    l.block = dim3(tovl_mma::THREADS);
-    l.large = true;
-    CK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tovl_mma::DYN_SMEM));
-    cudaFuncAttributes fa;
-    CK(cudaFuncGetAttributes(&fa, l.fn));
-    l.regs = fa.numRegs;
-    l.spill = (int)fa.localSizeBytes;
-    return l;
-}
-#endif
-
-static void bench_lmhead_with(Workload &w, bool f32, bool proto);
 static void bench_lmhead(Workload &w, bool f32) {
-    bench_lmhead_with(w, f32, false);
-#ifdef TOVL_MB_MMA_PROTO
-    bench_lmhead_with(w, f32, true);
-#endif
-}
-
-static void bench_lmhead_with(Workload &w, bool f32, bool proto) {
     const size_t esz = f32 ? 4 : 2, bytes = (size_t)w.T * VOCAB * esz;
     Guarded logits;
     logits.alloc(bytes);
@@ -276,15 +249,8 @@ static void bench_lmhead_with(Workload &w, bool f32, bool proto) {
     a.max_loras = SLOTS;
     a.active_slot = -1;
     a.max_n = N;
-#ifdef TOVL_MB_MMA_PROTO
-    const LmLaunch l = proto ? proto_launch(a, f32) : lm_launch(a, f32);
-    const size_t dyn = proto ? tovl_mma::DYN_SMEM : 0;
-#else
-    (void)proto;
     const LmLaunch l = lm_launch(a, f32);
-    const size_t dyn = 0;
-#endif
-    l.fn<<<l.grid, l.block, dyn>>>(a);
+    l.fn<<<l.grid, l.block>>>(a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -315,27 +281,11 @@ static void bench_lmhead_with(Workload &w, bool f32, bool proto) {
         if (expect_cell[c]) continue;
         for (size_t b = 0; b < esz; b++) touched += out[c * esz + b] != POISON;
     }
-#ifdef TOVL_MMA_PHASES
-    if (proto) {
-        static unsigned long long ph[1024][4];
-        CK(cudaMemcpyFromSymbol(ph, tovl_mma::mma_phase, sizeof ph));
-        std::vector<double> d[3];
-        const uint32_t nb = std::min<uint32_t>(1024, l.grid.x * l.grid.y);
-        for (uint32_t b = 0; b < nb; b++) {
-            if (ph[b][3] <= ph[b][0] || ph[b][1] < ph[b][0]) continue; /* idle block or stale */
-            for (int i = 0; i < 3; i++) d[i].push_back((ph[b][i + 1] - ph[b][i]) * 1e-3);
-        }
-        for (auto &v : d) std::sort(v.begin(), v.end());
-        if (!d[0].empty())
-            printf("  phases (median of %zu blocks, us): pick+rows %.2f, loop %.2f, tree+stores %.2f\n", d[0].size(),
-                   d[0][d[0].size() / 2], d[1][d[1].size() / 2], d[2][d[2].size() / 2]);
-    }
-#endif
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, dyn, st>>>(a); });
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, 0, st>>>(a); });
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, proto ? "MMA  " : l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
