@@ -102,7 +102,7 @@ if [ -f "$out/torch-peer.log" ]; then
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
 for prog in lmhead_microbench mma_probe; do
-  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|part|lmhead_overlay|embed_overlay|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
+  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|part|lmhead_overlay|embed_overlay|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
 done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
