@@ -328,6 +328,20 @@ static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
     }
 }
 
+/* Whether the case's rows can hold its probe: both kinds write element 256,
+ * and the tie probes pair whole 256-element runs. A case table entry that
+ * breaks this fails its case instead of writing past its rows. */
+static bool probe_fits(const case_def *c) {
+    switch (c->fma_probe) {
+    case PROBE_NONE:
+        return true;
+    case PROBE_ZEROS:
+        return c->h > 256;
+    default:
+        return c->h >= 512 && c->h % 512 == 0;
+    }
+}
+
 /* The case's probe, if any, written into rows of the hidden or the overlay side. */
 static void probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side, probe_kind kind) {
     if (kind == PROBE_ZEROS) {
@@ -549,6 +563,10 @@ static void conform_hook_case(tovl_backend *ref, tovl_backend *dut, const case_d
                               uint64_t seed, tovl_conform_result *r) {
     hook_inputs in;
     r->passed = true;
+    if (!probe_fits(c)) {
+        result_fail(r, "case table: h = %u cannot hold this case's fused-multiply-add probe", c->h);
+        return;
+    }
     if (!hook_inputs_make(c, seed, &in)) {
         result_fail(r, "out of host memory");
         hook_inputs_free(&in);
