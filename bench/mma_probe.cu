@@ -319,18 +319,10 @@ static int part2(std::mt19937_64 &rng, int sms, int passes, const char *label) {
                 for (int l = 0; l < 256; l++) {
                     if ((l / 8) % 8 + 8 * (GROUPS - 1) < l / 8 || HMMA_ONLY) continue; /* lanes no warp owns */
                     float want = 0.f;
-                    if (REG) { /* the same window's operands every time */
-                        const int k = l;
-                        for (int j = 0; j < P2_WINDOWS; j++) {
-                            const float p = tovl_bf16_to_f32(x[t * P2_K + k]) * tovl_bf16_to_f32(w[r * P2_K + k]);
-                            want = want + p;
-                        }
-                    } else {
-                        for (int j = 0; j < P2_WINDOWS; j++) {
-                            const int k = 256 * j + l;
-                            const float p = tovl_bf16_to_f32(x[t * P2_K + k]) * tovl_bf16_to_f32(w[r * P2_K + k]);
-                            want = want + p;
-                        }
+                    for (int j = 0; j < P2_WINDOWS; j++) {
+                        const int k = (REG ? 0 : 256 * j) + l; /* REG: the first window's operands every time */
+                        const float p = tovl_bf16_to_f32(x[t * P2_K + k]) * tovl_bf16_to_f32(w[r * P2_K + k]);
+                        want = want + p;
                     }
                     const float g = got[(((size_t)b * P2_TOK + t) * P2_ROWS + r) * 256 + l];
                     if (bits(g) != bits(want) && bad++ < 5)
