@@ -110,7 +110,7 @@ Test(cuda_geometry, rowdiff_and_embed) {
     tovl_embed_overlay_args ea = {.T = 512, .h = 4096};
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_EMBED_OVERLAY, (uint32_t[3]){512, 1, 1}, &ea, &h200, &l), TOVL_OK);
     cr_expect_eq(l.grid[0], 512);
-    cr_expect_eq(l.block[0] * l.block[1] * l.block[2], 128);
+    cr_expect_eq(l.block[0] * l.block[1] * l.block[2], 256);
 }
 
 /* A block per (8 rows of a slot, BN overlay rows): x = ceil(T / 8) +

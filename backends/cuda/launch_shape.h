@@ -19,10 +19,10 @@
  * A module without it (another port's kernels loaded through
  * tovl_cuda_backend_open_image) is launched by the generic convention of
  * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
-#define TOVL_CUDA_PORT_ABI 3
+#define TOVL_CUDA_PORT_ABI 4
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
-#define TOVL_CUDA_EMBED_THREADS 128
+#define TOVL_CUDA_EMBED_THREADS 256
 
 #define TOVL_CUDA_LMHEAD_THREADS 256
 /* Rows per tile (the grid's x unit), the same for both variants. */

@@ -328,6 +328,11 @@ uint32_t shuffle_from(const char *op, unsigned mask, uint32_t bits, unsigned fro
 }
 } // namespace
 
+uint32_t shfl_idx(unsigned mask, uint32_t bits, unsigned src_lane) {
+    /* CUDA takes the source lane modulo the warp width. */
+    return shuffle_from("__shfl_sync", mask, bits, src_lane % WARP);
+}
+
 uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta) {
     return shuffle_from("__shfl_down_sync", mask, bits, g_launch->current->lane + delta);
 }

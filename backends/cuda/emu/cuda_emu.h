@@ -28,6 +28,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 /* One block runs at a time on one host thread: a function-static variable is
  * exactly one block's shared memory. */
@@ -63,6 +64,7 @@ void syncthreads();
 void syncwarp(unsigned mask);
 unsigned ballot(unsigned mask, bool predicate);
 unsigned match_any(unsigned mask, uint32_t value);
+uint32_t shfl_idx(unsigned mask, uint32_t bits, unsigned src_lane);
 uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta);
 uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta);
 uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask);
@@ -103,6 +105,10 @@ inline int __any_sync(unsigned mask, int predicate) {
 }
 inline unsigned __match_any_sync(unsigned mask, unsigned value) {
     return tovl_emu::match_any(mask, value);
+}
+template <typename T>
+inline T __shfl_sync(unsigned mask, T value, int src_lane) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_idx(mask, tovl_emu::bits_of(value), (unsigned)src_lane));
 }
 template <typename T>
 inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {

@@ -11,9 +11,11 @@
 #include "../emu/cuda_emu.h"
 #define TOVL_CUDA_KERNEL static
 #define TOVL_UNROLL
+#define TOVL_NO_UNROLL
 #else
 #define TOVL_CUDA_KERNEL extern "C" __global__
 #define TOVL_UNROLL _Pragma("unroll")
+#define TOVL_NO_UNROLL _Pragma("unroll 1")
 #endif
 
 #include <stdint.h>
@@ -88,6 +90,13 @@ __device__ __forceinline__ unsigned lanes_below(uint32_t lane) {
     return (1u << lane) - 1u;
 }
 
+/* Lane `from`'s 64-bit value, to every lane of the warp (all lanes call it). */
+__device__ __forceinline__ uint64_t shfl_u64(uint64_t value, uint32_t from) {
+    const uint32_t lo = __shfl_sync(FULL_MASK, (uint32_t)value, from);
+    const uint32_t hi = __shfl_sync(FULL_MASK, (uint32_t)(value >> 32), from);
+    return (uint64_t)hi << 32 | lo;
+}
+
 /* Elements before the first 16-byte boundary of a bf16 row at `p`. */
 __device__ __forceinline__ uint32_t bf16_to_16b_boundary(const void *p) {
     return (uint32_t)((16u - ((uintptr_t)p & 15u)) & 15u) / 2u;
@@ -104,6 +113,19 @@ __device__ __forceinline__ void store16(void *p, uint4 v) {
     tovl_emu::check_aligned(p, 16);
 #endif
     *reinterpret_cast<uint4 *>(p) = v;
+}
+
+/* A 16-byte store to global memory; p must be 16-byte aligned. One st.v4:
+ * for the plain `*(uint4 *)p = v` of store16, nvcc emitted four 4-byte
+ * stores where p came from a bf16 row pointer (embed_overlay's copy: 2.6 ->
+ * 2.1 us at T = 512 on the H200 once it was one store, docs/PERFORMANCE.md). */
+__device__ __forceinline__ void store16_global(void *p, uint4 v) {
+#if defined(TOVL_CUDA_EMU)
+    store16(p, v);
+#else
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+#endif
 }
 
 /* A 16-byte copy from global to shared memory that completes asynchronously
