@@ -16,8 +16,10 @@
 #      in PyTorch on the same GPU, and both side by side with the goals;
 #   6. the standalone programs of bench/, where the build made them:
 #      lmhead_microbench (the kernels alone on the bench workload, every cell
-#      checked, then timed) and mma_probe (docs/PERFORMANCE.md's seventh
-#      session: tensor-core products checked and their loop timed).
+#      checked, then timed), mma_probe (docs/PERFORMANCE.md's seventh
+#      session: tensor-core products checked and their loop timed) and
+#      embed_floor (the eighth session's: the embed hook beside an empty
+#      kernel, its lookups alone and an h = 4096-only copy of it).
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -74,7 +76,7 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
 fi
 
 # 6. The bench/ programs (built by CMake's build check when nvcc saw sm_90).
-for prog in lmhead_microbench mma_probe; do
+for prog in lmhead_microbench mma_probe embed_floor; do
   [ -x "$build/backends/cuda/$prog" ] && step "$prog" "$build/backends/cuda/$prog" "$fresh_seed"
 done
 
@@ -101,8 +103,8 @@ if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
-for prog in lmhead_microbench mma_probe; do
-  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|part|lmhead_overlay|embed_overlay|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
+for prog in lmhead_microbench mma_probe embed_floor; do
+  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|part|lmhead_overlay|embed_overlay|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
 done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
