@@ -34,6 +34,7 @@ extern "C" {
 }
 
 #include "cuda_check.h"
+#include "graph_timing.h"
 
 static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const uint32_t THREADS = TOVL_CUDA_EMBED_THREADS;
@@ -42,9 +43,11 @@ using namespace tovl_cuda;
 
 __global__ void embed_empty(tovl_embed_overlay_args) {}
 
-/* The port's lookups, then nothing: `sink` is written only for an
- * impossible row, so that the compiler keeps the lookups. */
-__global__ void __launch_bounds__(THREADS) embed_lookups_only(tovl_embed_overlay_args args, int32_t *sink) {
+/* The port's lookups for token blockIdx.x (sets of up to 32 slots): its
+ * slot and id with every slot's table cells, then slot_map[s][id]. False
+ * when the token keeps its row. */
+__device__ __forceinline__ bool embed_lookup(const tovl_embed_overlay_args &args, EmbedSlotCells &cells,
+                                             int32_t &j) {
     const uint32_t t = blockIdx.x, lane = lane_id();
     EmbedSlotCells lane_cells = {0, 0, 0};
     if (lane < args.max_loras) {
@@ -53,37 +56,34 @@ __global__ void __launch_bounds__(THREADS) embed_lookups_only(tovl_embed_overlay
     const int32_t s = row_slot(args.token_slots, args.active_slot, t);
     const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
     const bool valid = slot_valid(s, args.max_loras);
-    const EmbedSlotCells cells = shfl_cells(lane_cells, valid ? (uint32_t)s % WARP : 0u);
+    cells = shfl_cells(lane_cells, valid ? (uint32_t)s % WARP : 0u);
     if (!valid || id >= args.vocab || cells.slot_map == 0) {
-        return;
+        return false;
     }
-    const int32_t j = ldg(ptr<const int32_t>(cells.slot_map) + id);
-    if (j == INT32_MIN && threadIdx.x == 0) {
-        sink[t] = j;
+    j = ldg(ptr<const int32_t>(cells.slot_map) + id);
+    return true;
+}
+
+/* The lookups, then nothing: `sink` is written only for an impossible row,
+ * so that the compiler keeps them. */
+__global__ void __launch_bounds__(THREADS) embed_lookups_only(tovl_embed_overlay_args args, int32_t *sink) {
+    EmbedSlotCells cells;
+    int32_t j;
+    if (embed_lookup(args, cells, j) && j == INT32_MIN && threadIdx.x == 0) {
+        sink[blockIdx.x] = j;
     }
 }
 
 /* The port's kernel for h = 4096 and 16-byte aligned rows only. */
 __global__ void __launch_bounds__(THREADS) embed_h4096(tovl_embed_overlay_args args) {
     constexpr uint32_t UNROLL = H / 8 / THREADS;
-    const uint32_t t = blockIdx.x, lane = lane_id();
-    EmbedSlotCells lane_cells = {0, 0, 0};
-    if (lane < args.max_loras) {
-        lane_cells = embed_slot_cells(args, lane);
-    }
-    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
-    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
-    const bool valid = slot_valid(s, args.max_loras);
-    const EmbedSlotCells cells = shfl_cells(lane_cells, valid ? (uint32_t)s % WARP : 0u);
-    if (!valid || id >= args.vocab || cells.slot_map == 0) {
-        return;
-    }
-    const int32_t j = ldg(ptr<const int32_t>(cells.slot_map) + id);
-    if (j < 0 || (uint32_t)j >= cells.n) {
+    EmbedSlotCells cells;
+    int32_t j;
+    if (!embed_lookup(args, cells, j) || j < 0 || (uint32_t)j >= cells.n) {
         return;
     }
     const uint4 *src = reinterpret_cast<const uint4 *>(ptr<const uint16_t>(cells.rows) + (size_t)j * H) + threadIdx.x;
-    uint4 *dst = reinterpret_cast<uint4 *>(ptr<uint16_t>(args.hidden) + (size_t)t * H) + threadIdx.x;
+    uint4 *dst = reinterpret_cast<uint4 *>(ptr<uint16_t>(args.hidden) + (size_t)blockIdx.x * H) + threadIdx.x;
     uint4 v[UNROLL];
 #pragma unroll
     for (uint32_t u = 0; u < UNROLL; u++) {
@@ -93,40 +93,6 @@ __global__ void __launch_bounds__(THREADS) embed_h4096(tovl_embed_overlay_args a
     for (uint32_t u = 0; u < UNROLL; u++) {
         store16_global(dst + u * THREADS, v[u]);
     }
-}
-
-template <class F>
-static double graph_us(F launch) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 100; i++) launch(st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st)); /* warm up */
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<double> us;
-    for (int r = 0; r < 20; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        us.push_back(ms * 1000.0 / 100.0);
-    }
-    std::sort(us.begin(), us.end());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaStreamDestroy(st));
-    return us[us.size() / 2];
 }
 
 static uint16_t random_bf16(std::mt19937_64 &rng) {

@@ -39,6 +39,7 @@ extern "C" {
 }
 
 #include "cuda_check.h"
+#include "graph_timing.h"
 
 static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
@@ -193,39 +194,6 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     l.regs = fa.numRegs;
     l.spill = (int)fa.localSizeBytes;
     return l;
-}
-
-/* Median microseconds per launch over 20 replays of a graph of 100 launches. */
-template <class F>
-static double graph_us(F launch) {
-    cudaStream_t st;
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 100; i++) launch(st);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    CK(cudaGraphLaunch(ge, st)); /* warm up */
-    CK(cudaStreamSynchronize(st));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<double> us;
-    for (int r = 0; r < 20; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        us.push_back(ms * 1000.0 / 100.0);
-    }
-    std::sort(us.begin(), us.end());
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(g));
-    CK(cudaStreamDestroy(st));
-    return us[us.size() / 2];
 }
 
 static int failures = 0;
