@@ -3,18 +3,20 @@
  * maps the token's id (< vocab) to a row j < n[s]: hidden[t, :] = rows[s][j, :],
  * a bit copy. Every other row is left untouched.
  *
- * A block per token. The lookup is a chain of three global round trips:
- * (the token's slot and id, and the slots' table cells) -> slot_map[s][id] ->
- * the row. When the set has at most 32 slots, lane k of every warp fetches
- * slot k's table cells in the first trip and each warp takes its slot's cells
- * by shuffles: no shared memory and no block barrier, so every warp runs its
- * own chain (on the H200 this, with 256 threads per token, took T = 512 from
- * 2.58 to about 2.05 us; docs/PERFORMANCE.md). A larger set reads slot s's
- * cells after the first trip, one trip more. The copy uses 16-byte loads and
- * stores from the first element where source and destination both reach a
- * 16-byte boundary (scalar before it and for the tail; scalar throughout when
- * their offsets differ modulo 16, e.g. hidden rows of h = 100), all loads of
- * an iteration issued before its stores.
+ * A block of 256 threads per token. The lookup is a chain of three global
+ * round trips: (the token's slot and id, and the slots' table cells) ->
+ * slot_map[s][id] -> the row. When the set has at most 32 slots, lane k of
+ * every warp fetches slot k's table cells in the first trip and each warp
+ * takes its slot's cells by shuffles: no shared memory and no block barrier,
+ * so every warp runs its own chain. A larger set reads slot s's cells after
+ * the first trip, one trip more. The copy uses 16-byte loads and stores when
+ * both rows are 16-byte aligned and h is a multiple of 8 (out of line
+ * otherwise: scalar up to the first 16-byte boundary both rows share, or
+ * throughout when they share none, e.g. hidden rows of h = 100).
+ *
+ * On the H200 (docs/PERFORMANCE.md, eighth session) this takes 2.2 us at
+ * T = 512, of which about 0.8 is the launch and 0.6 the two lookups; the
+ * same kernel with h fixed at compile time takes 2.1.
  */
 #ifndef TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
 #define TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
