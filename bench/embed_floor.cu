@@ -20,23 +20,17 @@
  */
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/embed_overlay.cuh"
-extern "C" {
-#include "tovl/tovl.h" /* tovl_f32_to_bf16 */
-}
 
+#include "bench_workload.h"
 #include "cuda_check.h"
 #include "graph_timing.h"
 
-static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const uint32_t THREADS = TOVL_CUDA_EMBED_THREADS;
 
 using namespace tovl_cuda;
@@ -95,93 +89,28 @@ __global__ void __launch_bounds__(THREADS) embed_h4096(tovl_embed_overlay_args a
     }
 }
 
-static uint16_t random_bf16(std::mt19937_64 &rng) {
-    std::uniform_real_distribution<float> m(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> e(-6, 3);
-    return tovl_f32_to_bf16(std::ldexp(m(rng), e(rng)));
-}
-
-template <class T>
-static T *to_dev(const std::vector<T> &v) {
-    T *p;
-    CK(cudaMalloc(&p, v.size() * sizeof(T)));
-    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return p;
-}
-
 int main(int argc, char **argv) {
-    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : std::random_device{}();
-    cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, 0));
-    printf("device %s, %d SMs; embed_floor seed %llu\n", p.name, p.multiProcessorCount, (unsigned long long)seed);
-    std::mt19937_64 rng(seed);
+    std::mt19937_64 rng(bench_start(argc, argv, "embed_floor"));
     int failures = 0;
-    std::vector<void *> allocations;
     for (uint32_t T : {512u, 64u}) {
-        std::vector<uint16_t> hidden((size_t)T * H);
-        for (auto &v : hidden) v = random_bf16(rng);
-        std::vector<std::vector<uint16_t>> rows(SLOTS);
-        std::vector<std::vector<int32_t>> slot_map(SLOTS, std::vector<int32_t>(VOCAB, -1));
-        std::vector<std::vector<uint32_t>> ids(SLOTS);
-        std::vector<uint64_t> rows_table(SLOTS), map_table(SLOTS);
-        for (uint32_t s = 0; s < SLOTS; s++) {
-            rows[s].resize((size_t)N * H);
-            for (auto &v : rows[s]) v = random_bf16(rng);
-            std::vector<uint32_t> all(VOCAB);
-            for (uint32_t i = 0; i < VOCAB; i++) all[i] = i;
-            for (uint32_t k = 0; k < N; k++) { /* distinct ids: partial shuffle */
-                std::swap(all[k], all[k + rng() % (VOCAB - k)]);
-                ids[s].push_back(all[k]);
-                slot_map[s][all[k]] = (int32_t)k;
-            }
-            rows_table[s] = (uint64_t)(uintptr_t)to_dev(rows[s]);
-            map_table[s] = (uint64_t)(uintptr_t)to_dev(slot_map[s]);
-            allocations.push_back((void *)(uintptr_t)rows_table[s]);
-            allocations.push_back((void *)(uintptr_t)map_table[s]);
-        }
-        std::vector<int32_t> slots(T);
-        std::vector<uint32_t> token_ids(T);
-        for (uint32_t t = 0; t < T; t++) {
-            slots[t] = rng() % 16 == 0 ? -1 : (int32_t)(rng() % SLOTS);
-            const uint32_t s = slots[t] < 0 ? 0 : (uint32_t)slots[t];
-            token_ids[t] = rng() % 2 ? ids[s][rng() % N] : (uint32_t)(rng() % VOCAB);
-        }
-        std::vector<uint16_t> want = hidden;
-        uint32_t copied = 0;
-        for (uint32_t t = 0; t < T; t++) {
-            if (slots[t] < 0) continue;
-            const int32_t j = slot_map[slots[t]][token_ids[t]];
-            if (j < 0) continue;
-            copied++;
-            memcpy(&want[(size_t)t * H], &rows[slots[t]][(size_t)j * H], H * 2);
-        }
-        uint16_t *d_hidden = to_dev(hidden);
+        Workload w;
+        build(w, T, rng);
+        uint32_t copied;
+        const std::vector<uint16_t> want = embed_expected(w, &copied);
+        uint16_t *d_hidden; /* patched by the kernels: refilled from w.hidden before each is checked */
         int32_t *sink;
+        CK(cudaMalloc(&d_hidden, w.hidden.size() * 2));
         CK(cudaMalloc(&sink, T * sizeof(int32_t)));
-        tovl_embed_overlay_args a = {};
-        a.hidden = (uint64_t)(uintptr_t)d_hidden;
-        a.token_ids = (uint64_t)(uintptr_t)to_dev(token_ids);
-        a.token_slots = (uint64_t)(uintptr_t)to_dev(slots);
-        a.slot_map_table = (uint64_t)(uintptr_t)to_dev(map_table);
-        a.rows_table = (uint64_t)(uintptr_t)to_dev(rows_table);
-        a.n_table = (uint64_t)(uintptr_t)to_dev(std::vector<uint32_t>(SLOTS, N));
-        a.T = T;
-        a.h = H;
-        a.vocab = VOCAB;
-        a.max_loras = SLOTS;
-        a.active_slot = -1;
-        for (uint64_t d : {a.hidden, a.token_ids, a.token_slots, a.slot_map_table, a.rows_table, a.n_table})
-            allocations.push_back((void *)(uintptr_t)d);
-        allocations.push_back(sink);
+        const tovl_embed_overlay_args a = embed_args(w, (uint64_t)(uintptr_t)d_hidden);
         /* Runs `launch` once on fresh rows and compares them, then times it. */
         const auto run = [&](const char *name, bool copies, auto launch) {
-            CK(cudaMemcpy(d_hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d_hidden, w.hidden.data(), w.hidden.size() * 2, cudaMemcpyHostToDevice));
             launch(cudaStream_t(0));
             CK(cudaGetLastError());
             CK(cudaDeviceSynchronize());
             const char *verdict = "";
             if (copies) {
-                std::vector<uint16_t> out(hidden.size());
+                std::vector<uint16_t> out(w.hidden.size());
                 CK(cudaMemcpy(out.data(), d_hidden, out.size() * 2, cudaMemcpyDeviceToHost));
                 const bool ok = memcmp(out.data(), want.data(), out.size() * 2) == 0;
                 failures += !ok;
@@ -195,8 +124,10 @@ int main(int argc, char **argv) {
         run("lookup chain only, no copy", false,
             [&](cudaStream_t st) { embed_lookups_only<<<T, THREADS, 0, st>>>(a, sink); });
         run("h = 4096 only (upper bound)", true, [&](cudaStream_t st) { embed_h4096<<<T, THREADS, 0, st>>>(a); });
+        CK(cudaFree(d_hidden));
+        CK(cudaFree(sink));
+        workload_release(w);
     }
-    for (void *d : allocations) CK(cudaFree(d));
     printf("%s\n", failures ? "FAIL" : "all bit-exact");
     return failures ? 1 : 0;
 }

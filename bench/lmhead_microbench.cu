@@ -38,10 +38,10 @@ extern "C" {
 #include "cuda_geometry.h"
 }
 
+#include "bench_workload.h"
 #include "cuda_check.h"
 #include "graph_timing.h"
 
-static const uint32_t H = 4096, VOCAB = 152064, SLOTS = 8, N = 64;
 static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
 static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
 
@@ -73,71 +73,6 @@ struct Guarded {
         return ok;
     }
 };
-
-template <class T>
-static uint64_t to_dev(const std::vector<T> &v) {
-    void *p;
-    CK(cudaMalloc(&p, v.size() * sizeof(T) + 16));
-    CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-    return (uint64_t)(uintptr_t)p;
-}
-
-struct Workload {
-    uint32_t T;
-    std::vector<uint16_t> hidden;
-    std::vector<int32_t> slots;
-    std::vector<uint32_t> token_ids;
-    std::vector<std::vector<uint16_t>> rows;     /* per slot [N][H] */
-    std::vector<std::vector<uint32_t>> ids;      /* per slot [N] */
-    std::vector<std::vector<int32_t>> slot_map; /* per slot [VOCAB] */
-    uint64_t d_hidden, d_slots, d_token_ids, d_rows_table, d_ids_table, d_n_table, d_map_table;
-};
-
-static uint16_t random_bf16(std::mt19937_64 &rng) {
-    /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
-    std::uniform_real_distribution<float> m(-1.0f, 1.0f);
-    std::uniform_int_distribution<int> e(-6, 3);
-    return tovl_f32_to_bf16(std::ldexp(m(rng), e(rng)));
-}
-
-static void build(Workload &w, uint32_t T, std::mt19937_64 &rng) {
-    w.T = T;
-    w.hidden.resize((size_t)T * H);
-    for (auto &v : w.hidden) v = random_bf16(rng);
-    w.slots.resize(T);
-    w.token_ids.resize(T);
-    w.rows.assign(SLOTS, {});
-    w.ids.assign(SLOTS, {});
-    w.slot_map.assign(SLOTS, std::vector<int32_t>(VOCAB, -1));
-    std::vector<uint64_t> rows_table(SLOTS), ids_table(SLOTS), map_table(SLOTS);
-    std::vector<uint32_t> n_table(SLOTS, N);
-    for (uint32_t s = 0; s < SLOTS; s++) {
-        w.rows[s].resize((size_t)N * H);
-        for (auto &v : w.rows[s]) v = random_bf16(rng);
-        std::vector<uint32_t> all(VOCAB);
-        for (uint32_t i = 0; i < VOCAB; i++) all[i] = i;
-        for (uint32_t k = 0; k < N; k++) { /* distinct ids: partial shuffle */
-            std::swap(all[k], all[k + rng() % (VOCAB - k)]);
-            w.ids[s].push_back(all[k]);
-            w.slot_map[s][all[k]] = (int32_t)k;
-        }
-        rows_table[s] = to_dev(w.rows[s]);
-        ids_table[s] = to_dev(w.ids[s]);
-        map_table[s] = to_dev(w.slot_map[s]);
-    }
-    for (uint32_t t = 0; t < T; t++) {
-        w.slots[t] = rng() % 16 == 0 ? -1 : (int32_t)(rng() % SLOTS);
-        const uint32_t s = w.slots[t] < 0 ? 0 : (uint32_t)w.slots[t];
-        w.token_ids[t] = rng() % 2 ? w.ids[s][rng() % N] : (uint32_t)(rng() % VOCAB);
-    }
-    w.d_hidden = to_dev(w.hidden);
-    w.d_slots = to_dev(w.slots);
-    w.d_token_ids = to_dev(w.token_ids);
-    w.d_rows_table = to_dev(rows_table);
-    w.d_ids_table = to_dev(ids_table);
-    w.d_n_table = to_dev(n_table);
-    w.d_map_table = to_dev(map_table);
-}
 
 static int sm_count() {
     int dev, n;
@@ -264,18 +199,7 @@ static void bench_embed(Workload &w) {
     Guarded hidden;
     hidden.alloc(w.hidden.size() * 2);
     hidden.upload(w.hidden.data());
-    tovl_embed_overlay_args a = {};
-    a.hidden = hidden.dev();
-    a.token_ids = w.d_token_ids;
-    a.token_slots = w.d_slots;
-    a.slot_map_table = w.d_map_table;
-    a.rows_table = w.d_rows_table;
-    a.n_table = w.d_n_table;
-    a.T = w.T;
-    a.h = H;
-    a.vocab = VOCAB;
-    a.max_loras = SLOTS;
-    a.active_slot = -1;
+    const tovl_embed_overlay_args a = embed_args(w, hidden.dev());
     const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
     const dim3 grid = dim3_of(shape.grid), block = dim3_of(shape.block);
     const uint32_t blocks = grid.x * grid.y * grid.z;
@@ -284,16 +208,8 @@ static void bench_embed(Workload &w) {
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
     bool ok = hidden.fetch(out);
-    std::vector<uint16_t> want = w.hidden;
-    uint32_t hit = 0;
-    for (uint32_t t = 0; t < w.T; t++) {
-        const int32_t s = w.slots[t];
-        if (s < 0) continue;
-        const int32_t j = w.slot_map[s][w.token_ids[t]];
-        if (j < 0) continue;
-        hit++;
-        memcpy(&want[(size_t)t * H], &w.rows[s][(size_t)j * H], H * 2);
-    }
+    uint32_t hit;
+    const std::vector<uint16_t> want = embed_expected(w, &hit);
     const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<grid, block, 0, st>>>(a); });
@@ -303,17 +219,14 @@ static void bench_embed(Workload &w) {
 }
 
 int main(int argc, char **argv) {
-    const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : std::random_device{}();
-    cudaDeviceProp p;
-    CK(cudaGetDeviceProperties(&p, 0));
-    printf("device %s, %d SMs; seed %llu\n", p.name, p.multiProcessorCount, (unsigned long long)seed);
-    std::mt19937_64 rng(seed);
+    std::mt19937_64 rng(bench_start(argc, argv, "lmhead_microbench"));
     for (uint32_t T : {512u, 64u}) {
         Workload w;
         build(w, T, rng);
         bench_embed(w);
         bench_lmhead(w, false);
         bench_lmhead(w, true);
+        workload_release(w);
     }
     printf("%s\n", failures ? "FAIL" : "all bit-exact");
     return failures ? 1 : 0;
