@@ -51,8 +51,10 @@
  * for batches that give fewer large tiles than SMs: the same 8 x 8 tiles,
  * registers not capped (such a batch fills one block per SM at most) and a
  * ring of 4 chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning
- * log): 8 x 8 beats 8 x 4 at T = 64 (more blocks, less reuse), and 3, 4 or 6
- * chunks, or a 128-register cap, time within 2% of each other. */
+ * log): 8 x 8 beats 8 x 4 at T = 64 (8.4 against 9.4 us, at one or two blocks
+ * per SM: more blocks, less reuse), and 3, 4 or 6 chunks, or a 128-register
+ * cap, time within 2% of each other; 8 to 16 chunks (in dynamic shared
+ * memory) are slower. */
 #ifndef TOVL_CUDA_LMHEAD_SMALL_TN
 #define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif

@@ -54,12 +54,15 @@ struct LmheadConfig {
     static constexpr uint32_t WORDS = CHUNK / 2;          /* bf16 pairs per row per chunk */
     static constexpr uint32_t ROW_VECS = WORDS / 4;       /* 16-byte vectors per row per chunk */
     static constexpr uint32_t X_VECS = BM * ROW_VECS, W_VECS = BN * ROW_VECS;
-    /* Vectors each thread stages per chunk: the first X_JOBS of hidden rows. */
-    static constexpr uint32_t X_JOBS = X_VECS / THREADS, JOBS = (X_VECS + W_VECS) / THREADS;
+    /* Vectors each thread stages per chunk: the first X_JOBS of hidden rows.
+     * With BN * ROW_VECS not a multiple of THREADS (TN = 2) the last job
+     * exists only in the first threads (lmhead_stage skips it elsewhere). */
+    static constexpr uint32_t X_JOBS = X_VECS / THREADS, JOBS = (X_VECS + W_VECS + THREADS - 1) / THREADS;
+    static constexpr bool RAGGED_JOBS = (X_VECS + W_VECS) % THREADS != 0;
     static constexpr uint32_t CELLS = TM * TN;                    /* per group */
     static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
     static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
-    static_assert(X_VECS % THREADS == 0 && W_VECS % THREADS == 0, "staging jobs divide evenly");
+    static_assert(X_VECS % THREADS == 0, "hidden-row staging jobs divide evenly");
     static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
     static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
@@ -165,6 +168,9 @@ __device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t
     TOVL_UNROLL
     for (uint32_t j = 0; j < C::JOBS; j++) {
         const uint32_t v = threadIdx.x + j * C::THREADS, col = 4 * (v % C::ROW_VECS);
+        if (C::RAGGED_JOBS && v >= C::X_VECS + C::W_VECS) {
+            continue; /* past the tile's last overlay row */
+        }
         const uint32_t e = c * C::CHUNK + 2 * col;
         uint32_t *dst = j < C::X_JOBS ? &sh.stage.x[buf][v / C::ROW_VECS][col]
                                       : &sh.stage.w[buf][(v - C::X_VECS) / C::ROW_VECS][col];
