@@ -1,0 +1,239 @@
+/* PROTOTYPE (ninth session, bench/prototype-ninth/build.sh): bench/lmhead_microbench.cu
+ * launching the kept lm_head kernels with their shared memory as dynamic shared
+ * memory (built with -DTOVL_LMHEAD_DYN), so that deeper rings fit. */
+/*
+ * Standalone microbenchmark of the CUDA port's embed_overlay and
+ * lmhead_overlay_{bf16,f32} kernels on the bench workload of
+ * tools/cmd_bench.c (h = 4096, vocab 152064, 8 slots x 64 overlay rows, row
+ * slots random in 0..7 with 1 in 16 at -1, half the token ids overlaid).
+ *
+ * Needs only nvcc (no tovl build): it compiles the kernels of
+ * backends/cuda/kernels/, the backend's launch geometry and the CPU
+ * reference's dot itself, so -D overrides of launch_shape.h's tunables give
+ * variants:
+ *
+ *   nvcc -O3 -arch=sm_90 --fmad=false -ftz=false -prec-div=true -prec-sqrt=true \
+ *        -Xcompiler -ffp-contract=off -Ibackends/cuda -Ibackends/cpu -Iinclude -Icore \
+ *        bench/lmhead_microbench.cu backends/cuda/cuda_geometry.c backends/cpu/dot.c \
+ *        core/bf16.c core/status.c -o /tmp/mb && /tmp/mb [seed]
+ *
+ * Every case is first checked bit for bit against the CPU reference's dot
+ * (backends/cpu/dot.c: the C files must be built with -ffp-contract=off) on
+ * every cell of the output, with poisoned outputs and sentinels on both sides; then 100
+ * launches are captured in a CUDA graph and the median of 20 replays, per
+ * launch, is printed. Exit status 1 on any mismatch.
+ */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+/* The kernels themselves (token_overlay.cu adds only the module ABI marker),
+ * and the backend's launch geometry (a C header). */
+#include "kernels/embed_overlay.cuh"
+#include "kernels/lmhead_overlay.cuh"
+extern "C" {
+#include "cpu_kernels.h" /* the reference: the spec's dot and the f32 logit bits */
+#include "cuda_geometry.h"
+}
+
+#include "bench_workload.h"
+#include "cuda_check.h"
+#include "graph_timing.h"
+
+static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
+static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
+
+/* Device buffer with sentinels around it. */
+struct Guarded {
+    uint8_t *base = nullptr;
+    size_t bytes = 0;
+    void alloc(size_t n) {
+        bytes = n;
+        CK(cudaMalloc(&base, n + 2 * GUARD));
+    }
+    uint64_t dev() const { return (uint64_t)(uintptr_t)(base + GUARD); }
+    void poison() {
+        CK(cudaMemset(base, SENTINEL, GUARD));
+        CK(cudaMemset(base + GUARD, POISON, bytes));
+        CK(cudaMemset(base + GUARD + bytes, SENTINEL, GUARD));
+    }
+    void upload(const void *src) {
+        poison();
+        CK(cudaMemcpy(base + GUARD, src, bytes, cudaMemcpyHostToDevice));
+    }
+    bool fetch(std::vector<uint8_t> &out) {
+        std::vector<uint8_t> all(bytes + 2 * GUARD);
+        CK(cudaMemcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost));
+        bool ok = true;
+        for (size_t i = 0; i < GUARD; i++)
+            ok &= all[i] == SENTINEL && all[GUARD + bytes + i] == SENTINEL;
+        out.assign(all.begin() + GUARD, all.begin() + GUARD + bytes);
+        return ok;
+    }
+};
+
+static int sm_count() {
+    int dev, n;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+}
+
+/* The backend's own launch geometry (backends/cuda/cuda_geometry.c, built
+ * into this program) for one kernel; exits on an error. */
+static tovl_cuda_launch native_launch(tovl_cuda_kernel_id kernel, uint32_t x, uint32_t y, const void *args,
+                                      const tovl_cuda_device_shape &device) {
+    const uint32_t logical[3] = {x, y, 1};
+    tovl_cuda_launch shape;
+    if (tovl_cuda_native_launch(kernel, logical, args, &device, &shape) != TOVL_OK) {
+        fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
+        exit(2);
+    }
+    return shape;
+}
+
+static dim3 dim3_of(const uint32_t (&v)[3]) {
+    return dim3(v[0], v[1], v[2]);
+}
+
+/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small
+ * overrides the choice of variant, to compare the two, by telling it the device
+ * has 1 SM or very many. */
+typedef void (*LmKernel)(tovl_lmhead_overlay_args);
+struct LmLaunch {
+    LmKernel fn;
+    dim3 grid, block;
+    bool large;
+    int regs, spill; /* per thread: registers, local-memory bytes */
+    size_t smem;
+};
+static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
+    tovl_cuda_device_shape device = {(uint32_t)sm_count()};
+    if (const char *force = getenv("TOVL_MB_FORCE")) {
+        device.sm_count = strcmp(force, "large") == 0 ? 1u : UINT32_MAX;
+    }
+    const tovl_cuda_launch shape =
+        native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, device);
+    LmLaunch l;
+    l.large = !shape.small_variant;
+    if (l.large) {
+        l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
+    } else {
+        l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
+    }
+    l.smem = l.large ? sizeof(tovl_cuda::LmheadShared<tovl_cuda::LmheadLarge>) : sizeof(tovl_cuda::LmheadShared<tovl_cuda::LmheadSmall>);
+    CK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)l.smem));
+    l.grid = dim3_of(shape.grid);
+    l.block = dim3_of(shape.block);
+    cudaFuncAttributes fa;
+    CK(cudaFuncGetAttributes(&fa, l.fn));
+    l.regs = fa.numRegs;
+    l.spill = (int)fa.localSizeBytes;
+    return l;
+}
+
+static int failures = 0;
+
+static void bench_lmhead(Workload &w, bool f32) {
+    const size_t esz = f32 ? 4 : 2, bytes = (size_t)w.T * VOCAB * esz;
+    Guarded logits;
+    logits.alloc(bytes);
+    logits.poison();
+    tovl_lmhead_overlay_args a = {};
+    a.logits = logits.dev();
+    a.hidden = w.d_hidden;
+    a.row_slots = w.d_slots;
+    a.rows_table = w.d_rows_table;
+    a.ids_table = w.d_ids_table;
+    a.n_table = w.d_n_table;
+    a.ld = VOCAB;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    a.max_n = N;
+    const LmLaunch l = lm_launch(a, f32);
+    l.fn<<<l.grid, l.block, l.smem>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = logits.fetch(out);
+    size_t bad = 0, cells = 0, touched = 0;
+    std::vector<uint8_t> expect_cell((size_t)w.T * VOCAB, 0);
+    for (uint32_t t = 0; t < w.T; t++) {
+        const int32_t s = w.slots[t];
+        if (s < 0) continue;
+        for (uint32_t k = 0; k < N; k++) {
+            const uint32_t id = w.ids[s][k];
+            const float d = tovl_cpu_dot_bf16(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
+            const size_t c = (size_t)t * VOCAB + id;
+            expect_cell[c] = 1;
+            cells++;
+            if (f32) {
+                uint32_t want = tovl_cpu_f32_out_bits(d), got;
+                memcpy(&got, &out[c * 4], 4);
+                bad += got != want;
+            } else {
+                uint16_t want = tovl_f32_to_bf16(d), got;
+                memcpy(&got, &out[c * 2], 2);
+                bad += got != want;
+            }
+        }
+    }
+    for (size_t c = 0; c < expect_cell.size(); c++) {
+        if (expect_cell[c]) continue;
+        for (size_t b = 0; b < esz; b++) touched += out[c * esz + b] != POISON;
+    }
+    const bool pass = ok && bad == 0 && touched == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, l.smem, st>>>(a); });
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s smem %zu  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
+           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.smem, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           us, pass ? "bit-exact" : "MISMATCH");
+    if (!pass)
+        printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
+    CK(cudaFree(logits.base));
+}
+
+static void bench_embed(Workload &w) {
+    Guarded hidden;
+    hidden.alloc(w.hidden.size() * 2);
+    hidden.upload(w.hidden.data());
+    const tovl_embed_overlay_args a = embed_args(w, hidden.dev());
+    const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
+    const dim3 grid = dim3_of(shape.grid), block = dim3_of(shape.block);
+    const uint32_t blocks = grid.x * grid.y * grid.z;
+    embed_overlay<<<grid, block>>>(a);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> out;
+    bool ok = hidden.fetch(out);
+    uint32_t hit;
+    const std::vector<uint16_t> want = embed_expected(w, &hit);
+    const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
+    failures += !pass;
+    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<grid, block, 0, st>>>(a); });
+    printf("embed_overlay       T=%-4u %5u rows   blocks %4u  graph %8.2f us  %s\n", w.T, hit, blocks, us,
+           pass ? "bit-exact" : "MISMATCH");
+    CK(cudaFree(hidden.base));
+}
+
+int main(int argc, char **argv) {
+    std::mt19937_64 rng(bench_start(argc, argv, "lmhead_microbench"));
+    for (uint32_t T : {512u, 64u}) {
+        Workload w;
+        build(w, T, rng);
+        bench_embed(w);
+        bench_lmhead(w, false);
+        bench_lmhead(w, true);
+        workload_release(w);
+    }
+    printf("%s\n", failures ? "FAIL" : "all bit-exact");
+    return failures ? 1 : 0;
+}
