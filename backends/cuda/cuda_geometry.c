@@ -68,7 +68,7 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
-        set_dims(out, 0, TOVL_CUDA_LMHEAD_LARGE_THREADS);
+        set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
     const uint32_t sms = device->sm_count ? device->sm_count : 1;
@@ -76,8 +76,7 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     out->small_variant =
         (uint64_t)row_groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_LARGE_BN) < (uint64_t)sms;
     const uint32_t bn = out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_BN : TOVL_CUDA_LMHEAD_LARGE_BN;
-    set_dims(out, row_groups + min_u32(a->max_loras, a->T),
-             out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_THREADS : TOVL_CUDA_LMHEAD_LARGE_THREADS);
+    set_dims(out, row_groups + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     /* Beyond CUDA's y limit the blocks loop over columns. */
     out->grid[1] = min_u32(ceil_div(a->max_n, bn), GRID_YZ_MAX);
     return TOVL_OK;

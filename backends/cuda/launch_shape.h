@@ -24,14 +24,7 @@
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
 
-/* Threads per lm_head block: groups of 128 (thread q of a group holds the
- * spec's lanes 2q and 2q + 1), each group TN overlay rows of the tile. */
-#ifndef TOVL_CUDA_LMHEAD_LARGE_THREADS
-#define TOVL_CUDA_LMHEAD_LARGE_THREADS 256
-#endif
-#ifndef TOVL_CUDA_LMHEAD_SMALL_THREADS
-#define TOVL_CUDA_LMHEAD_SMALL_THREADS 256
-#endif
+#define TOVL_CUDA_LMHEAD_THREADS 256
 /* Rows per tile (the grid's x unit), the same for both variants. */
 #define TOVL_CUDA_LMHEAD_BM 8
 
@@ -47,7 +40,7 @@
 #ifndef TOVL_CUDA_LMHEAD_LARGE_STAGES
 #define TOVL_CUDA_LMHEAD_LARGE_STAGES 3
 #endif
-#define TOVL_CUDA_LMHEAD_LARGE_BN (TOVL_CUDA_LMHEAD_LARGE_THREADS / 128 * TOVL_CUDA_LMHEAD_LARGE_TN)
+#define TOVL_CUDA_LMHEAD_LARGE_BN (2 * TOVL_CUDA_LMHEAD_LARGE_TN)
 /* Blocks per SM the compiler must leave registers for (__launch_bounds__):
  * 1 lets a thread use 255; 2 caps it at 128 (16 warps per SM). */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS
@@ -68,7 +61,7 @@
 #ifndef TOVL_CUDA_LMHEAD_SMALL_STAGES
 #define TOVL_CUDA_LMHEAD_SMALL_STAGES 4
 #endif
-#define TOVL_CUDA_LMHEAD_SMALL_BN (TOVL_CUDA_LMHEAD_SMALL_THREADS / 128 * TOVL_CUDA_LMHEAD_SMALL_TN)
+#define TOVL_CUDA_LMHEAD_SMALL_BN (2 * TOVL_CUDA_LMHEAD_SMALL_TN)
 #ifndef TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS
 #define TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS 1
 #endif

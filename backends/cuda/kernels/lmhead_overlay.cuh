@@ -43,45 +43,35 @@
 
 namespace tovl_cuda {
 
-template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_, int THREADS_>
+template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_>
 struct LmheadConfig {
     static constexpr uint32_t MIN_BLOCKS = MIN_BLOCKS_; /* __launch_bounds__: blocks resident per SM */
     static constexpr uint32_t TM = TM_, TN = TN_, STAGES = STAGES_;
-    /* GROUPS groups of GROUP threads; group G takes overlay rows G * TN .. + TN. */
-    static constexpr uint32_t THREADS = THREADS_, GROUP = 128, GROUPS = THREADS / GROUP;
+    static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
-    static constexpr uint32_t BM = TM, BN = GROUPS * TN;
+    static constexpr uint32_t BM = TM, BN = 2 * TN;
     static constexpr uint32_t CHUNK = TOVL_DOT_LANES;     /* elements per row per chunk */
     static constexpr uint32_t WORDS = CHUNK / 2;          /* bf16 pairs per row per chunk */
     static constexpr uint32_t ROW_VECS = WORDS / 4;       /* 16-byte vectors per row per chunk */
     static constexpr uint32_t X_VECS = BM * ROW_VECS, W_VECS = BN * ROW_VECS;
-    /* Vectors each thread stages per chunk (JOBS): vector v = tid + j * THREADS
-     * of the hidden rows, then of the overlay rows. When the hidden rows'
-     * vectors are a multiple of THREADS, job j is a hidden-row one exactly
-     * when j < X_JOBS (known at compile time); otherwise (512 threads) by v.
-     * X_SRC: the jobs that may be hidden-row ones. With the vectors not a
-     * multiple of THREADS (TN = 2 at 256 threads) the last job exists only in
-     * the first threads (lmhead_stage skips it elsewhere). */
-    static constexpr uint32_t JOBS = (X_VECS + W_VECS + THREADS - 1) / THREADS;
-    static constexpr bool X_BY_JOB = X_VECS % THREADS == 0;
-    static constexpr uint32_t X_JOBS = X_VECS / THREADS, X_SRC = X_BY_JOB ? X_JOBS : JOBS;
+    /* Vectors each thread stages per chunk: the first X_JOBS of hidden rows.
+     * With BN * ROW_VECS not a multiple of THREADS (TN = 2) the last job
+     * exists only in the first threads (lmhead_stage skips it elsewhere). */
+    static constexpr uint32_t X_JOBS = X_VECS / THREADS, JOBS = (X_VECS + W_VECS + THREADS - 1) / THREADS;
     static constexpr bool RAGGED_JOBS = (X_VECS + W_VECS) % THREADS != 0;
-    __device__ static constexpr bool is_x_job(uint32_t j, uint32_t v) { return X_BY_JOB ? j < X_JOBS : v < X_VECS; }
-    static constexpr uint32_t CELLS = TM * TN; /* per group */
-    /* The tree: TREE_WARPS warps finish four cells each per round, ROUND
-     * cells of every group. */
-    static constexpr uint32_t TREE_WARPS = WARPS < 8 ? WARPS : 8;
-    static constexpr uint32_t ROUND = 4 * TREE_WARPS / GROUPS;
-    static_assert(WORDS == GROUP && (GROUPS == 2 || GROUPS == 4), "thread q of a group holds lanes 2q, 2q + 1");
-    static_assert(CELLS % ROUND == 0 && GROUPS * ROUND == 4 * TREE_WARPS, "a tree round is four cells per warp");
+    static constexpr uint32_t CELLS = TM * TN;                    /* per group */
+    static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
+    static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
+    static_assert(X_VECS % THREADS == 0, "hidden-row staging jobs divide evenly");
+    static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
     static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
 
 using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_STAGES,
-                                 TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS, TOVL_CUDA_LMHEAD_LARGE_THREADS>;
+                                 TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS>;
 using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_STAGES,
-                                 TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS, TOVL_CUDA_LMHEAD_SMALL_THREADS>;
+                                 TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS>;
 static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
 /* One block's shared memory, reused by its three phases. 16-byte aligned:
@@ -104,7 +94,7 @@ union alignas(16) LmheadShared {
         uint32_t rows[C::BM];
     } scan;
     struct {
-        float2 lanes[C::GROUPS][C::ROUND / 2][TOVL_DOT_LANES]; /* [group][pair of cells of the round][lane] */
+        float2 lanes[2][C::ROUND / 2][TOVL_DOT_LANES]; /* [group][pair of cells of the round][lane] */
         uint32_t rows[C::BM];
     } tree;
 };
@@ -182,7 +172,7 @@ __device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t
             continue; /* past the tile's last overlay row */
         }
         const uint32_t e = c * C::CHUNK + 2 * col;
-        uint32_t *dst = C::is_x_job(j, v) ? &sh.stage.x[buf][v / C::ROW_VECS][col]
+        uint32_t *dst = j < C::X_JOBS ? &sh.stage.x[buf][v / C::ROW_VECS][col]
                                       : &sh.stage.w[buf][(v - C::X_VECS) / C::ROW_VECS][col];
         if (src[j] && vectors && e + 8 <= h) {
             copy16_async(dst, src[j] + e);
@@ -292,7 +282,7 @@ __device__ __forceinline__ uint32_t lmhead_tree_across_warp(float (&v)[4], uint3
  * [k0, k_end) of slot s. Every thread calls it. */
 template <class C, bool F32_LOGITS>
 __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], const tovl_lmhead_overlay_args &a,
-                            const LmheadSlot &slot, const uint16_t *const (&x_src)[C::X_SRC], uint32_t k0,
+                            const LmheadSlot &slot, const uint16_t *const (&x_src)[C::X_JOBS], uint32_t k0,
                             uint32_t k_end) {
     const uint32_t h = a.h, tid = threadIdx.x;
     const uint16_t *w_rows = slot.rows;
@@ -301,8 +291,8 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
     TOVL_UNROLL
     for (uint32_t j = 0; j < C::JOBS; j++) {
         const uint32_t v = tid + j * C::THREADS;
-        if (C::is_x_job(j, v)) {
-            src[j] = x_src[j < C::X_SRC ? j : 0];
+        if (j < C::X_JOBS) {
+            src[j] = x_src[j];
         } else {
             const uint32_t k = k0 + (v - C::X_VECS) / C::ROW_VECS;
             src[j] = k < k_end ? w_rows + (size_t)k * h : nullptr;
@@ -366,9 +356,9 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
     /* The threads that stage a row's first vector tell its t (no register
      * holds the row numbers through the loop). */
     TOVL_UNROLL
-    for (uint32_t j = 0; j < C::X_SRC; j++) {
+    for (uint32_t j = 0; j < C::X_JOBS; j++) {
         const uint32_t v = tid + j * C::THREADS;
-        if (C::is_x_job(j, v) && v % C::ROW_VECS == 0) {
+        if (v % C::ROW_VECS == 0) {
             const uint16_t *hidden = ptr<const uint16_t>(a.hidden);
             sh.tree.rows[v / C::ROW_VECS] = src[j] ? (uint32_t)((size_t)(src[j] - hidden) / h) : UINT32_MAX;
         }
@@ -389,14 +379,11 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
                     uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
         }
         __syncthreads();
-        if (C::WARPS > C::TREE_WARPS && warp >= C::TREE_WARPS) {
-            continue; /* uniform per warp: the tree warps finish the round */
-        }
-        /* Warp w takes the pairs w and w + TREE_WARPS: cells 0..3 below. */
+        /* Warp w takes the pairs w and w + WARPS: cells 0..3 below. */
         float v[4];
         TOVL_UNROLL
         for (uint32_t half = 0; half < 2; half++) {
-            const uint32_t pair = warp + half * C::TREE_WARPS, g = pair / (C::ROUND / 2), pi = pair % (C::ROUND / 2);
+            const uint32_t pair = warp + half * C::WARPS, g = pair / (C::ROUND / 2), pi = pair % (C::ROUND / 2);
             float2 p[8];
             TOVL_UNROLL
             for (uint32_t u = 0; u < 8; u++) {
@@ -407,7 +394,7 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
         }
         const uint32_t c = lmhead_tree_across_warp(v, lane); /* on lanes 0, 8, 16, 24: cell c */
         if (lane % 8 == 0) {
-            const uint32_t pair = warp + (c / 2) * C::TREE_WARPS, g = pair / (C::ROUND / 2);
+            const uint32_t pair = warp + (c / 2) * C::WARPS, g = pair / (C::ROUND / 2);
             const uint32_t cell = r0 + 2 * (pair % (C::ROUND / 2)) + c % 2;
             const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN, t = sh.tree.rows[m];
             if (t != UINT32_MAX && k < k_end) {
@@ -495,12 +482,7 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
 
 template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
-#if defined(TOVL_LMHEAD_DYN) /* ninth-session prototype: the ring in dynamic shared memory (bench/prototype-ninth) */
-    extern __shared__ uint4 tovl_dyn_smem[];
-    LmheadShared<C> &sh = *reinterpret_cast<LmheadShared<C> *>(tovl_dyn_smem);
-#else
     __shared__ LmheadShared<C> sh;
-#endif
     __shared__ uint32_t tile_ids[C::BN]; /* outside sh: written before the loop, read after it */
     const uint32_t tid = threadIdx.x;
     uint32_t s, g;
@@ -512,12 +494,11 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     __syncthreads(); /* the pick is read */
     const uint32_t len = lmhead_find_rows<C>(sh, a, s, g);
     /* The tile's rows, kept in registers: the shared memory is reused. */
-    const uint16_t *x_src[C::X_SRC];
+    const uint16_t *x_src[C::X_JOBS];
     TOVL_UNROLL
-    for (uint32_t j = 0; j < C::X_SRC; j++) {
-        const uint32_t v = tid + j * C::THREADS, r = v / C::ROW_VECS;
-        x_src[j] = C::is_x_job(j, v) && r < len ? ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[r] * a.h
-                                                : nullptr;
+    for (uint32_t j = 0; j < C::X_JOBS; j++) {
+        const uint32_t r = (tid + j * C::THREADS) / C::ROW_VECS;
+        x_src[j] = r < len ? ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[r] * a.h : nullptr;
     }
     /* Columns beyond CUDA's y limit: block y also does y + gridDim.y, ... */
     for (uint32_t k0 = blockIdx.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
