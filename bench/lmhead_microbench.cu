@@ -18,7 +18,8 @@
  * (backends/cpu/dot.c: the C files must be built with -ffp-contract=off) on
  * every cell of the output, with poisoned outputs and sentinels on both sides; then 100
  * launches are captured in a CUDA graph and the median of 20 replays, per
- * launch, is printed. Exit status 1 on any mismatch.
+ * launch, is printed. Exit status 1 on any mismatch. TOVL_MB_T=512,64 (the
+ * default) chooses the batch sizes.
  */
 #include <cuda_runtime.h>
 
@@ -220,7 +221,22 @@ static void bench_embed(Workload &w) {
 
 int main(int argc, char **argv) {
     std::mt19937_64 rng(bench_start(argc, argv, "lmhead_microbench"));
-    for (uint32_t T : {512u, 64u}) {
+    /* TOVL_MB_T: other batch sizes, comma-separated (default 512,64). */
+    std::vector<uint32_t> sizes = {512u, 64u};
+    if (const char *list = getenv("TOVL_MB_T")) {
+        sizes.clear();
+        for (const char *p = list; *p;) {
+            char *end;
+            const unsigned long T = strtoul(p, &end, 10);
+            if (end == p || T == 0 || T > 65536) {
+                fprintf(stderr, "TOVL_MB_T: expected sizes like 512,64, got '%s'\n", list);
+                return 2;
+            }
+            sizes.push_back((uint32_t)T);
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    for (uint32_t T : sizes) {
         Workload w;
         build(w, T, rng);
         bench_embed(w);
