@@ -130,8 +130,12 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     expect_grid(&l, 72, 8, 1);
     a.T = 64;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){64, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect(l.small_variant, "T = 64 takes the small tiles");
+    cr_expect(l.small_variant, "T = 64 takes the small tiles: 16 x 8 blocks, one per SM");
     expect_grid(&l, 16, 8, 1);
+    a.T = 96;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){96, 64, 1}, &a, &h200, &l), TOVL_OK);
+    cr_expect_not(l.small_variant, "T = 96: 20 x 8 small blocks would not each get an SM");
+    expect_grid(&l, 20, 8, 1);
     a.T = 3;
     a.max_n = 2;
     cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){3, 2, 1}, &a, &h200, &l), TOVL_OK);

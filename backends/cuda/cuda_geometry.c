@@ -62,9 +62,12 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
 
 /* A block per (group of BM rows of one slot, BN overlay rows); see
  * launch_shape.h. The slots' groups number at most ceil(T / BM) plus one per
- * slot that has rows. The large tiles are used when the batch alone gives
- * every SM at least one tile of them; smaller batches use the small tiles,
- * whose more numerous blocks keep every SM busy. */
+ * slot that has rows. The small tiles (one block per SM) are used only when
+ * every block of their grid gets an SM of its own; otherwise the large tiles,
+ * two blocks per SM. (Before: small whenever ceil(T / BM) full groups gave
+ * fewer large tiles than SMs, which left T = 128 with about 170 small tiles
+ * for 132 SMs on the H200, two rounds: 15.6 us against 12.4 for the large
+ * tiles; docs/PERFORMANCE.md, ninth session.) */
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
@@ -72,11 +75,10 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
         return TOVL_OK;
     }
     const uint32_t sms = device->sm_count ? device->sm_count : 1;
-    const uint32_t row_groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM);
-    out->small_variant =
-        (uint64_t)row_groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_LARGE_BN) < (uint64_t)sms;
+    const uint32_t groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T);
+    out->small_variant = (uint64_t)groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_SMALL_BN) <= (uint64_t)sms;
     const uint32_t bn = out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_BN : TOVL_CUDA_LMHEAD_LARGE_BN;
-    set_dims(out, row_groups + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
+    set_dims(out, groups, TOVL_CUDA_LMHEAD_THREADS);
     /* Beyond CUDA's y limit the blocks loop over columns. */
     out->grid[1] = min_u32(ceil_div(a->max_n, bn), GRID_YZ_MAX);
     return TOVL_OK;

@@ -8,7 +8,9 @@
  *   lmhead_overlay_*  a block per (group of BM rows of one slot, BN overlay
  *                     rows): grid (ceil(T / BM) + min(max_loras, T),
  *                     ceil(max_n / BN) capped at 65535 (blocks then loop), 1);
- *                     each block finds its slot and group on the device. Each
+ *                     each block finds its slot and group on the device (the
+ *                     large variant numbers the blocks so that the groups that
+ *                     exist are launched first: lmhead_place). Each
  *                     hidden row is read once per BN overlay rows, each
  *                     overlay row once per BM hidden rows.
  */
@@ -19,7 +21,7 @@
  * A module without it (another port's kernels loaded through
  * tovl_cuda_backend_open_image) is launched by the generic convention of
  * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
-#define TOVL_CUDA_PORT_ABI 4
+#define TOVL_CUDA_PORT_ABI 5
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -48,13 +50,13 @@
 #endif
 
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
- * for batches that give fewer large tiles than SMs: the same 8 x 8 tiles,
- * registers not capped (such a batch fills one block per SM at most) and a
- * ring of 4 chunks. Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning
- * log): 8 x 8 beats 8 x 4 at T = 64 (8.4 against 9.4 us, at one or two blocks
- * per SM: more blocks, less reuse), and 3, 4 or 6 chunks, or a 128-register
- * cap, time within 2% of each other; 8 to 16 chunks (in dynamic shared
- * memory) are slower. */
+ * for batches whose grid gives every block an SM of its own (cuda_geometry.c):
+ * the same 8 x 8 tiles, registers not capped and a ring of 4 chunks.
+ * Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning log): 8 x 8 beats
+ * 8 x 4 at T = 64 (8.4 against 9.4 us, at one or two blocks per SM: more
+ * blocks, less reuse), and 3, 4 or 6 chunks, or a 128-register cap, time
+ * within 2% of each other; 8 to 16 chunks (in dynamic shared memory) are
+ * slower. */
 #ifndef TOVL_CUDA_LMHEAD_SMALL_TN
 #define TOVL_CUDA_LMHEAD_SMALL_TN 4
 #endif

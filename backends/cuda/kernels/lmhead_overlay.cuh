@@ -7,10 +7,12 @@
  * Work. Block (x, y) computes one tile: a group of BM rows of one slot s (in
  * increasing t) times overlay rows [y * BN, +BN) of s. Every block counts the
  * rows of each slot (a pass over the row slots) and takes the x-th of the
- * groups of the slots that have overlay rows in column y, so only a few blocks
- * (at most one per slot) find nothing to do; then it collects its group's
- * rows with a ballot scan. Beyond CUDA's y limit a block also does columns
- * y + gridDim.y, ...
+ * groups of the slots that have overlay rows in column y; then it collects its
+ * group's rows with a ballot scan. The grid has room for more groups than a
+ * batch has (it is sized before the row slots are known); the large variant's
+ * blocks take their (x, y) from their place in launch order, y fastest
+ * (lmhead_place), so that every tile that exists is launched before any idle
+ * block. Beyond CUDA's y limit a block also does columns y + gridDim.y, ...
  *
  * The dot order. The 256 threads are two groups of 128, each computing BM x TN
  * cells (group G takes overlay rows G * TN .. + TN of the tile). Thread q of a
@@ -43,9 +45,10 @@
 
 namespace tovl_cuda {
 
-template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_>
+template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_, bool TILES_FIRST_>
 struct LmheadConfig {
     static constexpr uint32_t MIN_BLOCKS = MIN_BLOCKS_; /* __launch_bounds__: blocks resident per SM */
+    static constexpr bool TILES_FIRST = TILES_FIRST_;   /* block order: lmhead_place */
     static constexpr uint32_t TM = TM_, TN = TN_, STAGES = STAGES_;
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
@@ -63,15 +66,16 @@ struct LmheadConfig {
     static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
     static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
     static_assert(X_VECS % THREADS == 0, "hidden-row staging jobs divide evenly");
-    static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
+    /* The last round may be partial (TN = 3: 24 cells, rounds of 16 and 8). */
+    static_assert(CELLS % 2 == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
     static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
 
 using LmheadLarge = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_LARGE_TN, TOVL_CUDA_LMHEAD_LARGE_STAGES,
-                                 TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS>;
+                                 TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS, true>;
 using LmheadSmall = LmheadConfig<TOVL_CUDA_LMHEAD_BM, TOVL_CUDA_LMHEAD_SMALL_TN, TOVL_CUDA_LMHEAD_SMALL_STAGES,
-                                 TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS>;
+                                 TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS, false>;
 static_assert(LmheadLarge::BN == TOVL_CUDA_LMHEAD_LARGE_BN && LmheadSmall::BN == TOVL_CUDA_LMHEAD_SMALL_BN, "shape");
 
 /* One block's shared memory, reused by its three phases. 16-byte aligned:
@@ -372,13 +376,16 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
         /* Cells 2p and 2p + 1 of the round share an entry per lane, so this
          * thread's lanes 2q, 2q + 1 of both are one 16-byte store. */
         TOVL_UNROLL
-        for (uint32_t i = 0; i < C::ROUND; i += 2) {
+        for (uint32_t i = 0; i < C::ROUND && r0 + i < C::CELLS; i += 2) {
             const uint32_t c0 = r0 + i, c1 = c0 + 1;
             const float(&e)[2] = acc[c0 / C::TN][c0 % C::TN], (&o)[2] = acc[c1 / C::TN][c1 % C::TN];
             store16(&sh.tree.lanes[group][i / 2][2 * q],
                     uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
         }
         __syncthreads();
+        if (C::CELLS % C::ROUND != 0 && r0 + 2 * warp >= C::CELLS) {
+            continue; /* a partial round: this warp's pairs (w of each group) do not exist */
+        }
         /* Warp w takes the pairs w and w + WARPS: cells 0..3 below. */
         float v[4];
         TOVL_UNROLL
@@ -412,13 +419,39 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
     }
 }
 
+/* A block's (x, y). In blockIdx order the idle blocks (x past the batch's
+ * groups) are interleaved with the tiles, and once the blocks outnumber the
+ * SMs tiles share SMs while idle blocks hold others: the large variant's
+ * blocks take (x, y) from their place in launch order (blockIdx.x fastest)
+ * with y fastest instead, so that the groups that exist (small x) come first.
+ * On the H200 that took T = 96 from 12.4 to 8.5 us with the large tiles, and
+ * T = 512 from 24.7 to 24.6. The small variant keeps blockIdx order: it runs
+ * only grids with a block per SM (cuda_geometry.c), where tiles-first order
+ * cost 0.15 us at T = 32 and 64 (docs/PERFORMANCE.md, ninth session). */
+struct LmheadPlace {
+    uint32_t x, y;
+};
+template <class C>
+__device__ __forceinline__ LmheadPlace lmhead_place() {
+    if (!C::TILES_FIRST) {
+        return LmheadPlace{blockIdx.x, blockIdx.y};
+    }
+    const uint32_t columns = gridDim.y;
+    if ((uint64_t)gridDim.x * columns <= UINT32_MAX) { /* 32-bit division: the 64-bit one is a slow subroutine */
+        const uint32_t order = blockIdx.x + gridDim.x * blockIdx.y;
+        return LmheadPlace{order / columns, order % columns};
+    }
+    const uint64_t order = blockIdx.x + (uint64_t)gridDim.x * blockIdx.y;
+    return LmheadPlace{(uint32_t)(order / columns), (uint32_t)(order % columns)};
+}
+
 /* Which (slot, row group) block x of column y does: the x-th, counting the
  * groups of BM rows of every slot with overlay rows in that column, slot by
  * slot. Slots are counted a window of 32 at a time (a warp scans them). */
 template <class C>
-__device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args &a, uint32_t &slot,
-                            uint32_t &group, LmheadSlot &cells) {
-    const uint32_t tid = threadIdx.x, lane = lane_id(), x = blockIdx.x, k0 = blockIdx.y * C::BN;
+__device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args &a, LmheadPlace place,
+                            uint32_t &slot, uint32_t &group, LmheadSlot &cells) {
+    const uint32_t tid = threadIdx.x, lane = lane_id(), x = place.x, k0 = place.y * C::BN;
     uint32_t before = 0; /* groups of the windows before; the same in every thread */
     for (uint32_t base = 0; base < a.max_loras; base += WARP) {
         /* The window's table cells, loaded alongside the row slots below
@@ -487,7 +520,8 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     const uint32_t tid = threadIdx.x;
     uint32_t s, g;
     LmheadSlot cells;
-    if (!lmhead_pick<C>(sh, a, s, g, cells)) {
+    const LmheadPlace place = lmhead_place<C>();
+    if (!lmhead_pick<C>(sh, a, place, s, g, cells)) {
         return; /* uniform: more blocks than groups */
     }
     const uint32_t n = cells.n;
@@ -501,7 +535,7 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
         x_src[j] = r < len ? ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[r] * a.h : nullptr;
     }
     /* Columns beyond CUDA's y limit: block y also does y + gridDim.y, ... */
-    for (uint32_t k0 = blockIdx.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
+    for (uint32_t k0 = place.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
         lmhead_tile<C, F32_LOGITS>(sh, tile_ids, a, cells, x_src, k0, min_of(k0 + C::BN, n));
     }
 }
