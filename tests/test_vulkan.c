@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cpu/cpu_kernels.h"
 #include "testutil.h"
@@ -614,4 +616,78 @@ Test(vulkan, wrap_refuses_bad_descriptions_and_leaves_the_device) {
         cr_expect_eq(e.messages, 0, "%u validation messages", e.messages);
     }
     engine_close(&e);
+}
+
+/* ---- tovl bench on this device (the CLI binary) ----------------------------- */
+
+/* Runs `tovl ARGS`; returns its exit status, with its stderr in err. */
+static int bench_cli(const char *args, char *err, size_t cap) {
+    if (access(TOVL_CLI, X_OK) != 0) {
+        cr_skip_test("the tovl binary is not built: %s", TOVL_CLI);
+    }
+    char err_path[] = "/tmp/tovl_bench_err_XXXXXX";
+    const int fd = mkstemp(err_path);
+    cr_assert_geq(fd, 0, "mkstemp");
+    close(fd);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s >/dev/null 2>'%s'", TOVL_CLI, args, err_path);
+    const int rc = system(cmd);
+    FILE *f = fopen(err_path, "r");
+    const size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+    err[n] = '\0';
+    if (f) {
+        fclose(f);
+    }
+    unlink(err_path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static size_t count_of(const char *text, const char *needle) {
+    size_t n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle)) {
+        n++;
+    }
+    return n;
+}
+
+/* --tokens: every batch size it names gets its three hook rows (and nothing
+ * else), each with a positive time; --quick's own sizes are not added. */
+Test(vulkan, bench_cli_times_the_batch_sizes_it_is_given, .timeout = 300) {
+    tovl_backend_close(open_vulkan()); /* skips, or fails in CI, without a device */
+    char json_path[] = "/tmp/tovl_bench_json_XXXXXX";
+    const int fd = mkstemp(json_path);
+    cr_assert_geq(fd, 0, "mkstemp");
+    close(fd);
+    char args[256], err[4096];
+    snprintf(args, sizeof args, "bench --backend vulkan --quick --tokens 12,5 --seed %llu --json '%s'",
+             (unsigned long long)tu_seed(), json_path);
+    const int rc = bench_cli(args, err, sizeof err);
+    cr_assert_eq(rc, 0, "tovl %s: exit %d: %s", args, rc, err);
+    FILE *f = fopen(json_path, "r");
+    cr_assert_not_null(f, "no --json file");
+    static char text[1 << 16];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(json_path);
+    cr_expect_eq(count_of(text, "\"graph_us\""), 7, "rowdiff and three hooks at each of two sizes:\n%s", text);
+    cr_expect_eq(count_of(text, "\"T=12 h="), 3, "%s", text);
+    cr_expect_eq(count_of(text, "\"T=5 h="), 3, "%s", text);
+    cr_expect_eq(count_of(text, "\"T=64 h="), 0, "--quick's sizes are replaced by --tokens: %s", text);
+    for (const char *p = strstr(text, "\"graph_us\""); p; p = strstr(p + 1, "\"graph_us\"")) {
+        const double us = strtod(p + strlen("\"graph_us\":"), NULL);
+        cr_expect_gt(us, 0.0, "a row without a time: %.80s", p);
+    }
+}
+
+Test(vulkan, bench_cli_names_a_bad_batch_size) {
+    char err[4096];
+    cr_expect_eq(bench_cli("bench --tokens 64,0", err, sizeof err), 2);
+    cr_expect(strstr(err, "'0' is not a batch size") != NULL, "stderr: %s", err);
+    cr_expect_eq(bench_cli("bench --tokens 64,,8", err, sizeof err), 2);
+    cr_expect(strstr(err, "'' is not a batch size") != NULL, "stderr: %s", err);
+    cr_expect_eq(bench_cli("bench --tokens 1,2,3,4,5,6,7,8,9", err, sizeof err), 2);
+    cr_expect(strstr(err, "more than 8 sizes") != NULL, "stderr: %s", err);
+    cr_expect_eq(bench_cli("bench --tokens 65537", err, sizeof err), 2);
+    cr_expect(strstr(err, "'65537' is not a batch size in 1 .. 65536") != NULL, "stderr: %s", err);
 }

@@ -6,6 +6,13 @@ endif()
 
 tovl_add_test(test_vulkan test_vulkan.c)
 target_link_libraries(test_vulkan PRIVATE ${CMAKE_DL_LIBS})
+# `tovl bench` run on the device (skipped when the tools are not built).
+if(TARGET tovl_cli)
+  target_compile_definitions(test_vulkan PRIVATE TOVL_CLI="$<TARGET_FILE:tovl_cli>")
+  add_dependencies(test_vulkan tovl_cli)
+else()
+  target_compile_definitions(test_vulkan PRIVATE TOVL_CLI="${PROJECT_BINARY_DIR}/tools/tovl-not-built")
+endif()
 
 # The generic conformance test, with validation on (any validation message
 # makes the run fail through test_vulkan_conform below).

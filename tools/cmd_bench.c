@@ -14,9 +14,9 @@
  *
  * Sizes (issue 6): rowdiff over a vocab 152064 x h 4096 bf16 pair (1% of the
  * rows differ, in one element, so the rest must be read whole); the embed and
- * lm_head hooks at T = 512 and T = 64, h = 4096, 8 slots x 64 overlay rows,
- * vocab 152064, a mixed batch (each row's slot random, 1 in 16 none; half the
- * embed ids overlaid).
+ * lm_head hooks at T = 512 and T = 64 (--tokens: other batch sizes), h = 4096,
+ * 8 slots x 64 overlay rows, vocab 152064, a mixed batch (each row's slot
+ * random, 1 in 16 none; half the embed ids overlaid).
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -28,12 +28,19 @@
 #include "conform.h"
 #include "tovl/backend.h"
 
+/* Batch sizes one run may time (--tokens). */
+#define BENCH_MAX_SIZES 8
+/* The largest T --tokens takes: logits of T x vocab f32 are 0.6 GB per 1024 rows. */
+#define BENCH_MAX_T 65536u
+
 typedef struct bench_options {
     const char *backend, *json;
     uint64_t seed;
     uint32_t batch, repeats;
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
-    uint32_t t_large, t_small;
+    uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
+    uint32_t n_tokens;
+    bool tokens_given;                /* --tokens: --quick keeps them */
 } bench_options;
 
 typedef struct bench_row {
@@ -50,20 +57,23 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    bench_row rows[16];
+    bench_row rows[1 + 3 * BENCH_MAX_SIZES]; /* rowdiff, then 3 hooks per size */
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
 } bench_run;
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N] [--quick]\n\n"
+            "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
+            "                  [--tokens T[,T...]] [--quick]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with device timestamps:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
-            "medians over --repeats (20). --quick: small sizes, for a smoke run.\n"
-            "Backends without a device timer (cpu) are refused.\n");
+            "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
+            "each 1 .. %u). --quick: small sizes, for a smoke run.\n"
+            "Backends without a device timer (cpu) are refused.\n",
+            BENCH_MAX_SIZES, BENCH_MAX_T);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -275,8 +285,9 @@ static tovl_status bench_hooks(bench_run *run) {
     }
     tovl_token_overlay_set *set = NULL;
     tovl_status st = build_set(run, embed_ids, &set);
-    if (st == TOVL_OK) st = bench_hooks_at(run, set, embed_ids, run->opt->t_large);
-    if (st == TOVL_OK) st = bench_hooks_at(run, set, embed_ids, run->opt->t_small);
+    for (uint32_t i = 0; i < run->opt->n_tokens && st == TOVL_OK; i++) {
+        st = bench_hooks_at(run, set, embed_ids, run->opt->tokens[i]);
+    }
     tovl_token_overlay_set_destroy(set);
     free(embed_ids);
     return st;
@@ -360,21 +371,52 @@ static bool parse_u32(const char *text, uint32_t *out) {
     return true;
 }
 
+/* --tokens: comma-separated batch sizes; false (with the message printed)
+ * when one is not a whole number in 1 .. BENCH_MAX_T or there are too many. */
+static bool parse_tokens(const char *text, bench_options *o) {
+    o->n_tokens = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        const unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || *p == '-' || *p == '+' || v == 0 || v > BENCH_MAX_T || (*end && *end != ',')) {
+            fprintf(stderr, "tovl bench: --tokens '%s': '%.*s' is not a batch size in 1 .. %u\n", text,
+                    (int)strcspn(p, ","), p, BENCH_MAX_T);
+            return false;
+        }
+        if (o->n_tokens == BENCH_MAX_SIZES) {
+            fprintf(stderr, "tovl bench: --tokens '%s': more than %d sizes\n", text, BENCH_MAX_SIZES);
+            return false;
+        }
+        o->tokens[o->n_tokens++] = (uint32_t)v;
+        if (!*end) {
+            return true;
+        }
+        p = end + 1;
+    }
+}
+
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.backend = "auto", .seed = tovl_conform_fresh_seed(), .batch = 100, .repeats = 20,
                          .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
-                         .t_large = 512, .t_small = 64};
+                         .tokens = {512, 64}, .n_tokens = 2};
+    bool quick = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(arg, "--help")) {
             usage(stdout);
             return 0;
         } else if (!strcmp(arg, "--quick")) {
+            quick = true; /* its batch sizes unless --tokens gives them */
             o->batch = 4;
             o->repeats = 3;
             o->rowdiff_rows = 2048;
-            o->t_large = 64;
-            o->t_small = 8;
+        } else if (value && !strcmp(arg, "--tokens")) {
+            if (!parse_tokens(value, o)) {
+                return 2;
+            }
+            o->tokens_given = true;
+            i++;
         } else if (value && !strcmp(arg, "--backend")) {
             o->backend = value;
             i++;
@@ -400,6 +442,11 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             usage(stderr);
             return 2;
         }
+    }
+    if (quick && !o->tokens_given) {
+        o->tokens[0] = 64;
+        o->tokens[1] = 8;
+        o->n_tokens = 2;
     }
     return -1; /* go on */
 }
