@@ -66,8 +66,7 @@ struct LmheadConfig {
     static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
     static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
     static_assert(X_VECS % THREADS == 0, "hidden-row staging jobs divide evenly");
-    /* The last round may be partial (TN = 3: 24 cells, rounds of 16 and 8). */
-    static_assert(CELLS % 2 == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
+    static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
     static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
@@ -376,16 +375,13 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
         /* Cells 2p and 2p + 1 of the round share an entry per lane, so this
          * thread's lanes 2q, 2q + 1 of both are one 16-byte store. */
         TOVL_UNROLL
-        for (uint32_t i = 0; i < C::ROUND && r0 + i < C::CELLS; i += 2) {
+        for (uint32_t i = 0; i < C::ROUND; i += 2) {
             const uint32_t c0 = r0 + i, c1 = c0 + 1;
             const float(&e)[2] = acc[c0 / C::TN][c0 % C::TN], (&o)[2] = acc[c1 / C::TN][c1 % C::TN];
             store16(&sh.tree.lanes[group][i / 2][2 * q],
                     uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
         }
         __syncthreads();
-        if (C::CELLS % C::ROUND != 0 && r0 + 2 * warp >= C::CELLS) {
-            continue; /* a partial round: this warp's pairs (w of each group) do not exist */
-        }
         /* Warp w takes the pairs w and w + WARPS: cells 0..3 below. */
         float v[4];
         TOVL_UNROLL
