@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -581,22 +580,9 @@ Test(resolve_bad, vllm_rows_beyond_vocab) {
 
 /* ---- the CLI -------------------------------------------------------------- */
 
-/* Run the binary; returns the exit status and the stderr text. */
+/* Run the binary in the import scratch folder; the exit status and the stderr text. */
 static int cli(const char *args, char *err, size_t cap) {
-    if (access(TOVL_CLI, X_OK) != 0) {
-        cr_skip_test("the tovl binary is not built: %s", TOVL_CLI);
-    }
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >stdout.txt 2>stderr.txt", import_root, TOVL_CLI, args);
-    int rc = system(cmd);
-    err[0] = '\0';
-    FILE *f = fopen(P("stderr.txt"), "r");
-    if (f) {
-        size_t n = fread(err, 1, cap - 1, f);
-        err[n] = '\0';
-        fclose(f);
-    }
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return tu_run_cli(TOVL_CLI, import_root, args, err, cap);
 }
 
 /* Non-zero exit, exactly one line on stderr, naming each of `names`. */

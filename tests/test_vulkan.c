@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cpu/cpu_kernels.h"
@@ -620,26 +619,9 @@ Test(vulkan, wrap_refuses_bad_descriptions_and_leaves_the_device) {
 
 /* ---- tovl bench on this device (the CLI binary) ----------------------------- */
 
-/* Runs `tovl ARGS`; returns its exit status, with its stderr in err. */
+/* Runs `tovl ARGS`; its exit status, with its stderr in err. */
 static int bench_cli(const char *args, char *err, size_t cap) {
-    if (access(TOVL_CLI, X_OK) != 0) {
-        cr_skip_test("the tovl binary is not built: %s", TOVL_CLI);
-    }
-    char err_path[] = "/tmp/tovl_bench_err_XXXXXX";
-    const int fd = mkstemp(err_path);
-    cr_assert_geq(fd, 0, "mkstemp");
-    close(fd);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s >/dev/null 2>'%s'", TOVL_CLI, args, err_path);
-    const int rc = system(cmd);
-    FILE *f = fopen(err_path, "r");
-    const size_t n = f ? fread(err, 1, cap - 1, f) : 0;
-    err[n] = '\0';
-    if (f) {
-        fclose(f);
-    }
-    unlink(err_path);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    return tu_run_cli(TOVL_CLI, NULL, args, err, cap);
 }
 
 static size_t count_of(const char *text, const char *needle) {

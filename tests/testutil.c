@@ -1,10 +1,12 @@
 #include "testutil.h"
 
+#include <criterion/criterion.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -214,4 +216,27 @@ tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const ui
         .tied = tied,
     };
     return tovl_build_overlay(be, &k, &d, out);
+}
+
+int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, size_t cap) {
+    if (access(tool, X_OK) != 0) {
+        cr_skip_test("the tovl binary is not built: %s", tool);
+    }
+    char err_path[] = "/tmp/tovl_cli_err_XXXXXX";
+    const int fd = mkstemp(err_path);
+    cr_assert_geq(fd, 0, "mkstemp for the CLI's stderr");
+    close(fd);
+    char cmd[4096];
+    const int len = snprintf(cmd, sizeof cmd, "%s%s%s'%s' %s >/dev/null 2>'%s'", dir ? "cd '" : "", dir ? dir : "",
+                             dir ? "' && " : "", tool, args, err_path);
+    cr_assert(len > 0 && (size_t)len < sizeof cmd, "the CLI command line is too long: %s", args);
+    const int rc = system(cmd);
+    FILE *f = fopen(err_path, "r");
+    const size_t n = f ? fread(err, 1, cap - 1, f) : 0;
+    err[n] = '\0';
+    if (f) {
+        fclose(f);
+    }
+    unlink(err_path);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }

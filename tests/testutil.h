@@ -48,6 +48,12 @@ tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap);
 /* Live device allocations (allocs - frees). */
 long tu_live(const tu_wrap *w);
 
+/* Runs the tovl binary at `tool` with `args` (a shell fragment) in `dir`
+ * (NULL: here), its stdout discarded; returns its exit status (-1 when it did
+ * not exit) with its stderr, cut to cap - 1 bytes, in err. Skips the test
+ * when `tool` is not an executable (the tools were not built). */
+int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, size_t cap);
+
 /* Build an overlay from host data in one call (test shorthand). */
 tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
                      uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,
