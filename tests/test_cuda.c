@@ -80,6 +80,19 @@ Test(cuda, open_succeeds_or_is_unavailable, .init = redirect_output) {
     cr_assert_stderr_eq_str("");
 }
 
+/* Read before the driver is loaded, so this runs on any machine. */
+Test(cuda, a_bad_TOVL_CUDA_PDL_is_refused_naming_its_value) {
+    setenv("TOVL_CUDA_PDL", "yes", 1);
+    tovl_backend *be = (tovl_backend *)&be; /* must come back NULL */
+    tovl_status st = tovl_backend_open("cuda", &be);
+    if (st == TOVL_ERR_BACKEND_UNAVAILABLE && strstr(tovl_last_error(), "without its kernels")) {
+        cr_skip_test("%s", tovl_last_error());
+    }
+    cr_expect_eq(st, TOVL_ERR_INVALID_ARGUMENT, "got %s: %s", tovl_status_str(st), tovl_last_error());
+    cr_expect_not_null(strstr(tovl_last_error(), "TOVL_CUDA_PDL='yes'"), "%s", tovl_last_error());
+    cr_expect_null(be);
+}
+
 Test(cuda, bad_images_and_contexts_are_refused_before_the_driver) {
     tovl_backend *be = NULL;
     cr_expect_eq(tovl_cuda_backend_open_image(NULL, 10, "none", &be), TOVL_ERR_INVALID_ARGUMENT);
@@ -193,6 +206,13 @@ Test(cuda, device_and_properties) {
     cr_expect_not_null(tovl_backend_property(be, "driver"));
     cr_expect_not_null(strstr(tovl_backend_property(be, "module"), "embedded fatbin"));
     cr_expect_null(tovl_backend_property(be, "no such key"));
+    /* Programmatic dependent launch: on from sm_90 (kernels/common.cuh). */
+    const char *cc = tovl_backend_property(be, "compute_capability");
+    const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
+    cr_assert_not_null(cc);
+    cr_assert_not_null(pdl);
+    fprintf(stderr, "cuda compute capability %s, programmatic dependent launch %s\n", cc, pdl);
+    cr_expect_str_eq(pdl, atoi(cc) >= 9 ? "on" : "off (needs sm_90 or newer)");
     tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
     cr_expect(k.rowdiff && k.embed_overlay && k.lmhead_overlay_bf16 && k.lmhead_overlay_f32, "all four kernels");
     cr_expect_eq(tovl_try_kernel(be, "lmhead_overlay_f32_small"), 0, "variants are not kernels of the spec");
@@ -201,14 +221,14 @@ Test(cuda, device_and_properties) {
 }
 
 static const cuda_scenario gpu_scenarios[] = {
-    {"bench_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false},
-    {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false},
-    {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false},
-    {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false},
-    {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false},
-    {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false},
-    {"active_slot", 700, 264, 4000, 4, 1, 2, 1, 40, true},
-    {"many_rows", 40, 512, 50000, 2, 2, 0, 1, 3000, false},
+    {"bench_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
+    {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
+    {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"active_slot", 700, 264, 4000, 4, 1, 2, 1, 40, true, false},
+    {"many_rows", 40, 512, 50000, 2, 2, 0, 1, 3000, false, false},
 };
 
 Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
@@ -217,6 +237,39 @@ Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
     for (size_t i = 0; i < sizeof gpu_scenarios / sizeof gpu_scenarios[0]; i++) {
         cuda_run_against_cpu(be, &gpu_scenarios[i], tu_next(&r));
     }
+    tovl_backend_close(be);
+}
+
+/* Launched with programmatic dependent launch, a kernel may start before the
+ * one before it on the stream has finished (the embed kernel lets the next
+ * one launch while it still copies rows), and must wait before it reads that
+ * kernel's output. Here lm_head reads the hidden rows the embed hook has just
+ * written, back to back on one stream with no synchronization between, and
+ * must see every one of them. */
+static const cuda_scenario chained_scenarios[] = {
+    {"chained_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false, true},
+    {"chained_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, true},
+    {"chained_decode", 3, 1024, 32000, 4, 4, 0, 1, 16, false, true},
+};
+
+Test(cuda, a_hook_sees_all_of_the_previous_hooks_output, .timeout = 900) {
+    tovl_backend *be = open_cuda_or_skip();
+    fprintf(stderr, "programmatic dependent launch: %s\n", tovl_backend_property(be, "programmatic_dependent_launch"));
+    tu_rng r = tu_rng_for("cuda_chained_hooks");
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < sizeof chained_scenarios / sizeof chained_scenarios[0]; i++) {
+            cuda_run_against_cpu(be, &chained_scenarios[i], tu_next(&r));
+        }
+    }
+    tovl_backend_close(be);
+}
+
+Test(cuda, programmatic_dependent_launch_can_be_turned_off, .timeout = 600) {
+    setenv("TOVL_CUDA_PDL", "0", 1);
+    tovl_backend *be = open_cuda_or_skip();
+    cr_expect_str_eq(tovl_backend_property(be, "programmatic_dependent_launch"), "off (TOVL_CUDA_PDL=0)");
+    tu_rng r = tu_rng_for("cuda_pdl_off");
+    cuda_run_against_cpu(be, &chained_scenarios[1], tu_next(&r));
     tovl_backend_close(be);
 }
 

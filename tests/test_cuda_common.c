@@ -121,6 +121,9 @@ tovl_status cuda_case_setup(tovl_backend *be, const cuda_scenario *sc, uint64_t 
     hc->embed = (tovl_embed_hook_args){hc->hidden.data, hc->token_ids, hc->slots, active, sc->T, sc->h};
     hc->lm_bf16 = (tovl_lmhead_hook_args){hc->logits_bf16.data, TOVL_LOGITS_BF16, ld, hc->final_hidden,
                                           hc->slots, active, sc->T, sc->h};
+    if (sc->chained) {
+        hc->lm_bf16.hidden = hc->hidden.data;
+    }
     hc->lm_f32 = hc->lm_bf16;
     hc->lm_f32.logits = hc->logits_f32.data;
     hc->lm_f32.logits_dtype = TOVL_LOGITS_F32;

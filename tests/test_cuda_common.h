@@ -22,6 +22,7 @@ typedef struct cuda_scenario {
     uint32_t first_slot, slot_stride;
     uint32_t rows;        /* embed and lm_head rows of each used slot */
     bool active_slot;     /* no slot array: every row uses the first used slot */
+    bool chained;         /* lm_head reads the hidden rows the embed hook has just written */
 } cuda_scenario;
 
 /* One output buffer with GUARD bytes of poison on each side. */

@@ -72,31 +72,38 @@ static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_sc
  * the large tiles, a 72 x 8 grid. */
 Test(cuda_emu, bench_shape_t512, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false});
+                      &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
 /* T = 64 of the benchmark: the small tiles. */
 Test(cuda_emu, bench_shape_t64, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false});
+                      &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
 /* A long batch: 2600 rows, about 65 row groups per slot, so collecting a
  * group's rows takes up to 11 passes of 256 rows. */
 Test(cuda_emu, long_batch_many_row_passes, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){4},
-                      &(cuda_scenario){"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false});
+                      &(cuda_scenario){"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false});
 }
 
 /* max_loras 700: the tile pick walks 22 windows of 32 slots, and the slots
  * with rows (3, 259, 515) sit in windows 0, 8 and 16. */
 Test(cuda_emu, slots_in_many_pick_windows, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){2},
-                      &(cuda_scenario){"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false});
+                      &(cuda_scenario){"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* One active slot for every row (decode): one group of all rows. */
 Test(cuda_emu, active_slot_large_batch, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){3},
-                      &(cuda_scenario){"active", 300, 264, 4000, 4, 1, 2, 1, 40, true});
+                      &(cuda_scenario){"active", 300, 264, 4000, 4, 1, 2, 1, 40, true, false});
+}
+
+/* lm_head reading the rows the embed hook has just written (on a GPU of
+ * sm_90 and newer the two launches overlap: test_cuda checks it there). */
+Test(cuda_emu, lmhead_reads_the_embed_hooks_output, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"chained", 64, 1024, 5000, 8, 8, 0, 1, 64, false, true});
 }

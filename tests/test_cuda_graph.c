@@ -109,15 +109,21 @@ static void graph_case(const cuda_scenario *sc) {
 
 /* The benchmark's batch: the large lm_head tiles. */
 Test(cuda_graph, hooks_replay_bit_identically_t512, .timeout = 600) {
-    graph_case(&(cuda_scenario){"graph_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false});
+    graph_case(&(cuda_scenario){"graph_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false, false});
 }
 
 /* A small batch: the small tiles. */
 Test(cuda_graph, hooks_replay_bit_identically_t64, .timeout = 600) {
-    graph_case(&(cuda_scenario){"graph_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false});
+    graph_case(&(cuda_scenario){"graph_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false});
 }
 
 /* Decode with one active slot and no slot array. */
 Test(cuda_graph, hooks_replay_bit_identically_active_slot, .timeout = 600) {
-    graph_case(&(cuda_scenario){"graph_active", 16, 2048, 32000, 4, 1, 1, 1, 16, true});
+    graph_case(&(cuda_scenario){"graph_active", 16, 2048, 32000, 4, 1, 1, 1, 16, true, false});
+}
+
+/* lm_head reads the rows the embed hook writes just before it: in the graph
+ * the two launches are joined by a programmatic edge on sm_90 and newer. */
+Test(cuda_graph, chained_hooks_replay_bit_identically, .timeout = 600) {
+    graph_case(&(cuda_scenario){"graph_chained", 256, 4096, 32000, 8, 8, 0, 1, 64, false, true});
 }

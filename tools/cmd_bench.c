@@ -330,6 +330,10 @@ static int write_json(const bench_run *run, const char *path) {
     cJSON_AddStringToObject(root, "backend", tovl_backend_name(run->be));
     cJSON_AddStringToObject(root, "device", tovl_backend_device(run->be));
     cJSON_AddStringToObject(root, "seed", seed);
+    const char *pdl = tovl_backend_property(run->be, "programmatic_dependent_launch");
+    if (pdl) {
+        cJSON_AddStringToObject(root, "programmatic_dependent_launch", pdl);
+    }
     cJSON_AddNumberToObject(root, "batch", o->batch);
     cJSON_AddNumberToObject(root, "repeats", o->repeats);
     cJSON_AddNumberToObject(root, "copy_gbps", run->copy_gbps);
@@ -475,6 +479,10 @@ int tovl_cmd_bench(int argc, char **argv) {
     run.k = tovl_overlay_kernels_resolve(run.be);
     printf("tovl bench: %s on %s, seed %" PRIu64 ", %u launches per recording, medians of %u\n",
            tovl_backend_name(run.be), tovl_backend_device(run.be), o.seed, o.batch, o.repeats);
+    const char *pdl = tovl_backend_property(run.be, "programmatic_dependent_launch");
+    if (pdl) {
+        printf("programmatic dependent launch: %s\n", pdl);
+    }
     fflush(stdout);
     tovl_status st = bench_rowdiff(&run);
     if (st == TOVL_OK) st = bench_hooks(&run);

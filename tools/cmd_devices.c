@@ -8,7 +8,8 @@
 
 static const char *const kernel_names[] = {TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY,
                                            TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
-static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals", "float_controls"};
+static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals", "float_controls",
+                                            "programmatic_dependent_launch"};
 
 int tovl_cmd_devices(int argc, char **argv) {
     if (argc > 1) {

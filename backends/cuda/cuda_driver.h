@@ -44,6 +44,34 @@ enum {
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
 };
 
+/* cuLaunchKernelEx's launch configuration (cuda.h's CUlaunchConfig,
+ * CUlaunchAttribute, CUlaunchAttributeValue), with the one attribute this
+ * backend sets. The layout is the driver's; the asserts pin it to cuda.h of
+ * CUDA 12.x/13.x on LP64. */
+enum { CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6 };
+typedef union CUlaunchAttributeValue {
+    char pad[64];
+    void *align; /* the driver's union holds pointers */
+    int programmatic_stream_serialization_allowed;
+} CUlaunchAttributeValue;
+typedef struct CUlaunchAttribute {
+    int id; /* CU_LAUNCH_ATTRIBUTE_* */
+    char pad[4];
+    CUlaunchAttributeValue value;
+} CUlaunchAttribute;
+typedef struct CUlaunchConfig {
+    unsigned int grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    CUstream stream;
+    CUlaunchAttribute *attrs;
+    unsigned int attr_count;
+} CUlaunchConfig;
+_Static_assert(sizeof(CUlaunchAttributeValue) == 64 && sizeof(CUlaunchAttribute) == 72 &&
+                   offsetof(CUlaunchAttribute, value) == 8,
+               "CUlaunchAttribute as in cuda.h");
+_Static_assert(sizeof(CUlaunchConfig) == 56 && offsetof(CUlaunchConfig, stream) == 32 &&
+                   offsetof(CUlaunchConfig, attrs) == 40 && offsetof(CUlaunchConfig, attr_count) == 48,
+               "CUlaunchConfig as in cuda.h");
+
 enum { CU_STREAM_NON_BLOCKING = 0x1 };
 enum { CU_EVENT_DEFAULT = 0x0 };
 /* CUstreamCaptureMode: only this thread's unsafe calls are checked. */
@@ -98,7 +126,8 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
     X(cuEventDestroy, CUresult, (CUevent event))                                                         \
     X(cuLaunchKernel, CUresult,                                                                          \
       (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
-       unsigned int bz, unsigned int smem, CUstream stream, void **params, void **extra))
+       unsigned int bz, unsigned int smem, CUstream stream, void **params, void **extra))                  \
+    X(cuLaunchKernelEx, CUresult, (const CUlaunchConfig *config, CUfunction fn, void **params, void **extra))
 
 #define TOVL_CUDA_DECLARE_MEMBER(name, ret, params) ret(*name) params;
 

@@ -20,8 +20,10 @@
 /* The value of the module global `tovl_cuda_port_abi` in this port's fatbin.
  * A module without it (another port's kernels loaded through
  * tovl_cuda_backend_open_image) is launched by the generic convention of
- * include/tovl/tovl_cuda.h instead. Bump it when a launch shape changes. */
-#define TOVL_CUDA_PORT_ABI 5
+ * include/tovl/tovl_cuda.h instead, never with programmatic dependent launch.
+ * Bump it when a launch shape or convention changes (6: the kernels wait for
+ * the kernel before them, so the host may launch them with PDL). */
+#define TOVL_CUDA_PORT_ABI 6
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256

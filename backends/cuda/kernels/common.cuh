@@ -158,6 +158,30 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+/* Programmatic dependent launch (sm_90 and newer). The host launches this
+ * port's kernels with programmatic stream serialization (cuda_backend.c), so
+ * a kernel may start while the kernel before it in the stream is still
+ * finishing. Each kernel therefore reads nothing that an earlier kernel may
+ * write (hidden rows, row slots, token ids, logits) before
+ * grid_dependency_wait(), which returns once every prerequisite grid has
+ * completed and its memory is visible; only the overlay set's own tables,
+ * which no kernel writes, may be read before it. grid_dependents_launch()
+ * lets the next kernel start launching its blocks (it still waits for this
+ * grid's completion before it reads what this grid wrote); a block that
+ * never calls it lets go when it exits. Both are no-ops on older GPUs, under
+ * a plain launch, and in the emulator. */
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 template <typename T>
 __device__ __forceinline__ T min_of(T a, T b) {
     return a < b ? a : b;

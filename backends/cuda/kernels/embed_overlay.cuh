@@ -105,14 +105,17 @@ __device__ __forceinline__ void embed_overlay_block(const tovl_embed_overlay_arg
     if (by_shuffle && lane < args.max_loras) {
         lane_cells = embed_slot_cells(args, lane);
     }
-    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
-    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
     /* What does not depend on the row is worked out while the lookups are in
      * flight: everything after the last one is on the kernel's critical path
      * (about 0.1 us at T = 512 on the H200). */
     const uint32_t h = args.h;
     uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
     const bool dst_whole_vectors = (((uintptr_t)dst & 15u) | (h & 7u)) == 0;
+    /* The token's slot and id, and its hidden row, may come from the kernel
+     * before (the set's tables above may not: common.cuh). */
+    grid_dependency_wait();
+    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
+    const uint32_t id = ldg(ptr<const uint32_t>(args.token_ids) + t);
     const bool valid = slot_valid(s, args.max_loras);
     /* Before any lane can leave: the shuffles need the whole warp. */
     EmbedSlotCells cells = shfl_cells(lane_cells, valid ? (uint32_t)s % WARP : 0u);
@@ -126,6 +129,9 @@ __device__ __forceinline__ void embed_overlay_block(const tovl_embed_overlay_arg
         return;
     }
     const int32_t j = ldg(ptr<const int32_t>(cells.slot_map) + id);
+    /* The lookups are done: the next kernel may start launching while the
+     * row is copied (on the H200, 2.2 -> 1.75 us per launch at T = 512). */
+    grid_dependents_launch();
     if (j < 0 || (uint32_t)j >= cells.n) {
         return;
     }

@@ -517,12 +517,19 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     uint32_t s, g;
     LmheadSlot cells;
     const LmheadPlace place = lmhead_place<C>();
+    /* The row slots and hidden rows may come from the kernel before (common.cuh). */
+    grid_dependency_wait();
     if (!lmhead_pick<C>(sh, a, place, s, g, cells)) {
         return; /* uniform: more blocks than groups */
     }
     const uint32_t n = cells.n;
     __syncthreads(); /* the pick is read */
     const uint32_t len = lmhead_find_rows<C>(sh, a, s, g);
+    /* The block knows its rows: the next kernel may start launching (it
+     * waits for this grid to complete before it reads the logits). On the
+     * H200 this and the wait above took 0.3-0.5 us off a launch, as early as
+     * at entry or as late as after the chunk loop (docs/PERFORMANCE.md). */
+    grid_dependents_launch();
     /* The tile's rows, kept in registers: the shared memory is reused. */
     const uint16_t *x_src[C::X_JOBS];
     TOVL_UNROLL

@@ -48,6 +48,7 @@ __device__ __forceinline__ bool bf16x8_differs(uint4 a, uint4 b, float tol) {
 TOVL_CUDA_KERNEL void __launch_bounds__(TOVL_CUDA_ROWDIFF_THREADS) rowdiff(tovl_rowdiff_args args) {
     using namespace tovl_cuda;
     constexpr uint32_t UNROLL = 4;
+    grid_dependency_wait(); /* a and b may come from the kernel before (common.cuh) */
     const uint32_t lane = lane_id();
     const uint32_t row = blockIdx.x * (TOVL_CUDA_ROWDIFF_THREADS / WARP) + threadIdx.x / WARP;
     if (row >= args.rows) {
