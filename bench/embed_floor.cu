@@ -11,8 +11,10 @@
  *                    alignment test, no loop, no head or tail (an upper bound
  *                    for this design, not a kernel the library could ship).
  *
- * The kernels that copy are checked bit for bit against the expected hidden
- * rows first; the times are per-launch medians of 20 replays of 100 launches
+ * The port's kernel is launched as the backend launches it (with programmatic
+ * dependent launch on sm_90 and newer; TOVL_CUDA_PDL=0 for plain launches),
+ * the three bounds plainly. The kernels that copy are checked bit for bit
+ * against the expected hidden rows first; the times are per-launch medians of 20 replays of 100 launches
  * in one CUDA graph. Exit status 1 on a mismatch.
  *
  *   nvcc -O3 -arch=sm_90 -Ibackends/cuda -Iinclude bench/embed_floor.cu \
@@ -119,7 +121,7 @@ int main(int argc, char **argv) {
             printf("T=%-4u %3u rows  %-34s %6.2f us  %s\n", T, copied, name, graph_us(launch), verdict);
         };
         run("embed_overlay (the port's kernel)", true,
-            [&](cudaStream_t st) { embed_overlay<<<T, THREADS, 0, st>>>(a); });
+            [&](cudaStream_t st) { backend_launch(embed_overlay, dim3(T), dim3(THREADS), st, a); });
         run("empty kernel, same grid", false, [&](cudaStream_t st) { embed_empty<<<T, THREADS, 0, st>>>(a); });
         run("lookup chain only, no copy", false,
             [&](cudaStream_t st) { embed_lookups_only<<<T, THREADS, 0, st>>>(a, sink); });

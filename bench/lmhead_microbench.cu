@@ -154,7 +154,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     a.active_slot = -1;
     a.max_n = N;
     const LmLaunch l = lm_launch(a, f32);
-    l.fn<<<l.grid, l.block>>>(a);
+    backend_launch(l.fn, l.grid, l.block, 0, a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -187,7 +187,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     }
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { l.fn<<<l.grid, l.block, 0, st>>>(a); });
+    const double us = graph_us([&](cudaStream_t st) { backend_launch(l.fn, l.grid, l.block, st, a); });
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
            f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
@@ -204,7 +204,7 @@ static void bench_embed(Workload &w) {
     const tovl_cuda_launch shape = native_launch(TOVL_CUDA_EMBED_OVERLAY, w.T, 1, &a, {(uint32_t)sm_count()});
     const dim3 grid = dim3_of(shape.grid), block = dim3_of(shape.block);
     const uint32_t blocks = grid.x * grid.y * grid.z;
-    embed_overlay<<<grid, block>>>(a);
+    backend_launch(embed_overlay, grid, block, 0, a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
@@ -213,7 +213,7 @@ static void bench_embed(Workload &w) {
     const std::vector<uint16_t> want = embed_expected(w, &hit);
     const bool pass = ok && memcmp(out.data(), want.data(), out.size()) == 0;
     failures += !pass;
-    const double us = graph_us([&](cudaStream_t st) { embed_overlay<<<grid, block, 0, st>>>(a); });
+    const double us = graph_us([&](cudaStream_t st) { backend_launch(embed_overlay, grid, block, st, a); });
     printf("embed_overlay       T=%-4u %5u rows   blocks %4u  graph %8.2f us  %s\n", w.T, hit, blocks, us,
            pass ? "bit-exact" : "MISMATCH");
     CK(cudaFree(hidden.base));

@@ -12,8 +12,10 @@
 #      conformance suite (small tiles) and on test_cuda's GPU-sized batches
 #      (large tiles), each under a time limit;
 #   5. tovl bench --backend cuda (graph-replay and single-launch medians, GB/s,
-#      fraction of the copy bandwidth), then bench/torch_peer.py: the same work
-#      in PyTorch on the same GPU, and both side by side with the goals;
+#      fraction of the copy bandwidth), again with TOVL_CUDA_PDL=0 (plain
+#      launches, no programmatic dependent launch), then bench/torch_peer.py:
+#      the same work in PyTorch on the same GPU, and both side by side with
+#      the goals;
 #   6. the standalone programs of bench/, where the build made them:
 #      lmhead_microbench (the kernels alone on the bench workload, every cell
 #      checked, then timed), mma_probe (docs/PERFORMANCE.md's seventh
@@ -70,6 +72,8 @@ fi
 
 # 5. Benchmarks, and the PyTorch peer beside them.
 step bench "$tovl" bench --backend cuda --seed "$fresh_seed" --json "$out/bench.json"
+step bench-pdl-off env TOVL_CUDA_PDL=0 "$tovl" bench --backend cuda --seed "$fresh_seed" \
+  --json "$out/bench-pdl-off.json"
 if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
   step torch-peer python3 bench/torch_peer.py --seed "$fresh_seed" --json "$out/torch_peer.json" \
     --tovl-json "$out/bench.json"
@@ -98,6 +102,10 @@ done
 if [ -f "$out/bench.log" ]; then
   echo "bench (tovl bench --backend cuda):"
   sed -n '/^kernel /,$p' "$out/bench.log"
+fi
+if [ -f "$out/bench-pdl-off.log" ]; then
+  echo "bench with TOVL_CUDA_PDL=0 (plain launches), the hooks:"
+  sed -n '/^kernel /,$p' "$out/bench-pdl-off.log" | grep -E '^(kernel|embed|lmhead)'
 fi
 if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
