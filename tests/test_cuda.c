@@ -285,8 +285,6 @@ static const char slow_copy_ptx[] =
     "    ret;\n"
     "}\n";
 
-#define CU_OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
-
 /* slow_copy of `bytes` (a multiple of 4) from src to dst on `stream`,
  * launched as the backend launches its kernels. */
 static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst,
@@ -318,13 +316,11 @@ Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     cr_assert_eq(cuda_case_read(&ref, &want), TOVL_OK, "%s", tovl_last_error());
 
     const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
-    CU_OK(cu->cuCtxPushCurrent(tovl_cuda_backend_cu_context(be)));
+    CUstream stream = cuda_engine_stream_open(be);
     CUmodule module = NULL;
     CUfunction slow_copy = NULL;
     CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
     CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
-    CUstream stream = NULL;
-    CU_OK(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
     cr_assert_eq(cuda_case_setup(be, &sc, seed, &hc), TOVL_OK, "%s", tovl_last_error());
     /* The true inputs aside; poison where the hooks will read them. */
     const size_t ids_bytes = (size_t)sc.T * 4, hidden_bytes = (size_t)sc.T * sc.h * 2;
@@ -359,10 +355,8 @@ Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_free(be, hidden_f32);
     cuda_case_free(&hc);
     cuda_case_free(&ref);
-    cu->cuStreamDestroy(stream);
     cu->cuModuleUnload(module);
-    CUcontext popped;
-    cu->cuCtxPopCurrent(&popped);
+    cuda_engine_stream_close(be, stream);
     tovl_backend_close(be);
     tovl_backend_close(cpu);
 }

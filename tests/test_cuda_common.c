@@ -257,3 +257,19 @@ void cuda_run_against_cpu(tovl_backend *dut, const cuda_scenario *sc, uint64_t s
     cuda_case_free(&run);
     tovl_backend_close(cpu);
 }
+
+CUstream cuda_engine_stream_open(tovl_backend *be) {
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    cr_assert_not_null(cu, "not a CUDA backend");
+    CU_OK(cu->cuCtxPushCurrent(tovl_cuda_backend_cu_context(be)));
+    CUstream stream = NULL;
+    CU_OK(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    return stream;
+}
+
+void cuda_engine_stream_close(tovl_backend *be, CUstream stream) {
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    cu->cuStreamDestroy(stream);
+    CUcontext popped;
+    cu->cuCtxPopCurrent(&popped);
+}

@@ -13,7 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cuda/cuda_backend.h"
 #include "tovl/backend.h"
+
+/* A CUDA driver call that must succeed (a Criterion assertion). */
+#define CU_OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 
 typedef struct cuda_scenario {
     const char *name;
@@ -61,6 +65,12 @@ void cuda_result_free(cuda_hook_result *r);
  * and the reference really patched something in each output. */
 void cuda_expect_same(const cuda_hook_case *ref_case, const cuda_hook_result *ref, const cuda_hook_result *dut,
                       const char *what);
+
+/* An engine's own stream on a CUDA backend: the backend's context is made
+ * current (pushed) and a non-blocking CUstream created in it;
+ * cuda_engine_stream_close destroys the stream and pops the context. */
+CUstream cuda_engine_stream_open(tovl_backend *be);
+void cuda_engine_stream_close(tovl_backend *be, CUstream stream);
 
 /* Setup, enqueue on NULL, synchronize, read, on both backends; compare. */
 void cuda_run_against_cpu(tovl_backend *dut, const cuda_scenario *sc, uint64_t seed);

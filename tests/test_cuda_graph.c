@@ -14,7 +14,6 @@
 #include "test_cuda_common.h"
 #include "testutil.h"
 
-#define CU_OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
 
 static void same_bytes(const uint8_t *a, const uint8_t *b, size_t n, const char *what) {
     cr_expect_eq(memcmp(a, b, n), 0, "%s differs", what);
@@ -52,9 +51,7 @@ static void graph_case(const cuda_scenario *sc) {
     cr_assert_eq(cuda_case_read(&ref_case, &ref), TOVL_OK);
 
     /* An engine's stream in the backend's context. */
-    CU_OK(cu->cuCtxPushCurrent(tovl_cuda_backend_cu_context(be)));
-    CUstream stream = NULL;
-    CU_OK(cu->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CUstream stream = cuda_engine_stream_open(be);
     cr_assert_eq(cuda_case_setup(be, sc, seed, &hc), TOVL_OK, "%s", tovl_last_error());
 
     /* Direct launches on that stream. */
@@ -100,9 +97,7 @@ static void graph_case(const cuda_scenario *sc) {
     cuda_result_free(&again);
     cuda_case_free(&hc);
     cuda_case_free(&ref_case);
-    cu->cuStreamDestroy(stream);
-    CUcontext popped;
-    cu->cuCtxPopCurrent(&popped);
+    cuda_engine_stream_close(be, stream);
     tovl_backend_close(be);
     tovl_backend_close(cpu);
 }
