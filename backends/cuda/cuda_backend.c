@@ -609,13 +609,18 @@ static tovl_status pdl_wanted(bool *wanted) {
     return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "TOVL_CUDA_PDL='%s' is not 0 or 1", env);
 }
 
-/* Whether launches get programmatic stream serialization, and why not. */
+/* Whether launches get programmatic stream serialization, and why not. The
+ * driver must be CUDA 12.3 or newer: that is where stream capture learned to
+ * keep the programmatic edge in a graph (the only driver this has run on is
+ * 13.0). */
 static void choose_pdl(cuda_ctx *c, bool wanted) {
-    c->pdl = wanted && c->native && c->cc_major >= 9;
-    const char *text = c->pdl      ? "on"
-                       : !wanted   ? "off (TOVL_CUDA_PDL=0)"
-                       : !c->native ? "off (another port's module)"
-                                   : "off (needs sm_90 or newer)";
+    const bool driver_has_it = c->drv.version >= 12030;
+    c->pdl = wanted && c->native && c->cc_major >= 9 && driver_has_it;
+    const char *text = c->pdl           ? "on"
+                       : !wanted        ? "off (TOVL_CUDA_PDL=0)"
+                       : !c->native     ? "off (another port's module)"
+                       : c->cc_major < 9 ? "off (needs sm_90 or newer)"
+                                        : "off (needs a CUDA 12.3 or newer driver)";
     snprintf(c->pdl_text, sizeof c->pdl_text, "%s", text);
 }
 
