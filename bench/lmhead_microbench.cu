@@ -19,7 +19,8 @@
  * every cell of the output, with poisoned outputs and sentinels on both sides; then 100
  * launches are captured in a CUDA graph and the median of 20 replays, per
  * launch, is printed. Exit status 1 on any mismatch. TOVL_MB_T=512,64 (the
- * default) chooses the batch sizes.
+ * default) chooses the batch sizes. Kernels are launched as the backend
+ * launches them (programmatic dependent launch; TOVL_CUDA_PDL=0: plain).
  */
 #include <cuda_runtime.h>
 
