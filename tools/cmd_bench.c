@@ -40,7 +40,6 @@ typedef struct bench_options {
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
     uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
     uint32_t n_tokens;
-    bool tokens_given;                /* --tokens: --quick keeps them */
 } bench_options;
 
 typedef struct bench_row {
@@ -60,6 +59,7 @@ typedef struct bench_run {
     bench_row rows[1 + 3 * BENCH_MAX_SIZES]; /* rowdiff, then 3 hooks per size */
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
+    const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
 } bench_run;
 
 static void usage(FILE *f) {
@@ -330,9 +330,8 @@ static int write_json(const bench_run *run, const char *path) {
     cJSON_AddStringToObject(root, "backend", tovl_backend_name(run->be));
     cJSON_AddStringToObject(root, "device", tovl_backend_device(run->be));
     cJSON_AddStringToObject(root, "seed", seed);
-    const char *pdl = tovl_backend_property(run->be, "programmatic_dependent_launch");
-    if (pdl) {
-        cJSON_AddStringToObject(root, "programmatic_dependent_launch", pdl);
+    if (run->pdl) {
+        cJSON_AddStringToObject(root, "programmatic_dependent_launch", run->pdl);
     }
     cJSON_AddNumberToObject(root, "batch", o->batch);
     cJSON_AddNumberToObject(root, "repeats", o->repeats);
@@ -404,7 +403,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.backend = "auto", .seed = tovl_conform_fresh_seed(), .batch = 100, .repeats = 20,
                          .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
                          .tokens = {512, 64}, .n_tokens = 2};
-    bool quick = false;
+    bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(arg, "--help")) {
@@ -419,7 +418,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             if (!parse_tokens(value, o)) {
                 return 2;
             }
-            o->tokens_given = true;
+            tokens_given = true;
             i++;
         } else if (value && !strcmp(arg, "--backend")) {
             o->backend = value;
@@ -447,7 +446,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             return 2;
         }
     }
-    if (quick && !o->tokens_given) {
+    if (quick && !tokens_given) {
         o->tokens[0] = 64;
         o->tokens[1] = 8;
         o->n_tokens = 2;
@@ -479,9 +478,9 @@ int tovl_cmd_bench(int argc, char **argv) {
     run.k = tovl_overlay_kernels_resolve(run.be);
     printf("tovl bench: %s on %s, seed %" PRIu64 ", %u launches per recording, medians of %u\n",
            tovl_backend_name(run.be), tovl_backend_device(run.be), o.seed, o.batch, o.repeats);
-    const char *pdl = tovl_backend_property(run.be, "programmatic_dependent_launch");
-    if (pdl) {
-        printf("programmatic dependent launch: %s\n", pdl);
+    run.pdl = tovl_backend_property(run.be, "programmatic_dependent_launch");
+    if (run.pdl) {
+        printf("programmatic dependent launch: %s\n", run.pdl);
     }
     fflush(stdout);
     tovl_status st = bench_rowdiff(&run);
