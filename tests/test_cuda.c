@@ -291,16 +291,14 @@ static const char slow_copy_ptx[] =
     "}\n";
 
 /* slow_copy of `bytes` (a multiple of 4) from src to dst on `stream`,
- * launched as the backend launches its kernels. */
+ * launched as the backend launches its kernels (with PDL). */
 static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst,
                              tovl_devptr src, size_t bytes) {
     unsigned long long d = dst, s = src, spin_ns = 20000;
     unsigned int words = (unsigned int)(bytes / 4);
     void *params[] = {&d, &s, &words, &spin_ns};
-    CUlaunchAttribute pdl = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-    pdl.value.programmatic_stream_serialization_allowed = 1;
-    const CUlaunchConfig config = {(words + 255) / 256, 1, 1, 256, 1, 1, 0, stream, &pdl, 1};
-    CU_OK(cu->cuLaunchKernelEx(&config, fn, params, NULL));
+    const uint32_t grid[3] = {(words + 255) / 256, 1, 1}, block[3] = {256, 1, 1};
+    CU_OK(tovl_cuda_launch_kernel(cu, fn, grid, block, stream, params, true));
 }
 
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {

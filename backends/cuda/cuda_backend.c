@@ -198,17 +198,8 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     }
     void *params[] = {(void *)args};
     CUfunction fn = dims.small_variant ? c->kernels[k].small_fn : c->kernels[k].fn;
-    CUresult r;
-    if (c->pdl) {
-        CUlaunchAttribute pdl = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
-        pdl.value.programmatic_stream_serialization_allowed = 1;
-        const CUlaunchConfig config = {dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
-                                       dims.block[2], 0, stream_or_own(c, stream), &pdl, 1};
-        r = c->drv.cuLaunchKernelEx(&config, fn, params, NULL);
-    } else {
-        r = c->drv.cuLaunchKernel(fn, dims.grid[0], dims.grid[1], dims.grid[2], dims.block[0], dims.block[1],
-                                  dims.block[2], 0, stream_or_own(c, stream), params, NULL);
-    }
+    CUresult r =
+        tovl_cuda_launch_kernel(&c->drv, fn, dims.grid, dims.block, stream_or_own(c, stream), params, c->pdl);
     ctx_leave(c, pushed);
     if (r != CUDA_SUCCESS) {
         return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: %s(%s%s, grid %u x %u, block %u)",

@@ -1,4 +1,5 @@
-/* Loading the CUDA driver at run time: dlopen, cuGetProcAddress, cuInit. */
+/* Loading the CUDA driver at run time (dlopen, cuGetProcAddress, cuInit), and
+ * the one way this project launches a kernel through it. */
 #include "cuda_driver.h"
 
 #include <dlfcn.h>
@@ -73,6 +74,18 @@ void tovl_cuda_driver_unload(tovl_cuda_driver *drv) {
         dlclose(drv->library);
     }
     memset(drv, 0, sizeof *drv);
+}
+
+CUresult tovl_cuda_launch_kernel(const tovl_cuda_driver *drv, CUfunction fn, const uint32_t grid[3],
+                                 const uint32_t block[3], CUstream stream, void **params, bool pdl) {
+    if (!pdl) {
+        return drv->cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream, params,
+                                   NULL);
+    }
+    CUlaunchAttribute attribute = {.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION};
+    attribute.value.programmatic_stream_serialization_allowed = 1;
+    const CUlaunchConfig config = {grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream, &attribute, 1};
+    return drv->cuLaunchKernelEx(&config, fn, params, NULL);
 }
 
 tovl_status tovl_cuda_fail(const tovl_cuda_driver *drv, tovl_status status, CUresult result, const char *what, ...) {

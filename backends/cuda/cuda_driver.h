@@ -11,6 +11,7 @@
 #ifndef TOVL_CUDA_DRIVER_H
 #define TOVL_CUDA_DRIVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -145,6 +146,12 @@ typedef struct tovl_cuda_driver {
  * held, nothing printed. */
 tovl_status tovl_cuda_driver_load(tovl_cuda_driver *drv);
 void tovl_cuda_driver_unload(tovl_cuda_driver *drv);
+
+/* fn over grid x block threads on `stream`, its arguments at `params`: by
+ * cuLaunchKernelEx with programmatic stream serialization when `pdl`, else
+ * by cuLaunchKernel. */
+CUresult tovl_cuda_launch_kernel(const tovl_cuda_driver *drv, CUfunction fn, const uint32_t grid[3],
+                                 const uint32_t block[3], CUstream stream, void **params, bool pdl);
 
 /* Set the error detail "<what>: CUDA_ERROR_X (the driver's text)" and return
  * `status`. `what` is a printf format. */
