@@ -519,6 +519,24 @@ static tovl_status read_global(cuda_ctx *c, const char *name, void *dst, size_t 
                              : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading module global %s", name);
 }
 
+/* This port's lm_head kernels let the next kernel launch early only when
+ * their tiles outnumber the SMs (lmhead_overlay.cuh): tell them how many. */
+static tovl_status write_sm_count(cuda_ctx *c) {
+    const char *name = "tovl_cuda_sm_count";
+    CUdeviceptr p = 0;
+    size_t bytes = 0;
+    const uint32_t sms = c->shape.sm_count;
+    CUresult r = c->drv.cuModuleGetGlobal(&p, &bytes, c->module, name);
+    if (r == CUDA_SUCCESS && bytes != sizeof sms) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module global %s has %zu bytes, expected %zu", name,
+                          bytes, sizeof sms);
+    }
+    if (r == CUDA_SUCCESS) r = c->drv.cuMemcpyHtoDAsync(p, &sms, sizeof sms, c->stream);
+    if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: writing module global %s", name);
+}
+
 static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
     *fn = NULL;
     CUresult r = c->drv.cuModuleGetFunction(fn, c->module, name);
@@ -544,6 +562,12 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
                           c->module_text, abi, TOVL_CUDA_PORT_ABI);
     }
     c->native = bytes != 0;
+    if (c->native) {
+        st = write_sm_count(c);
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
     for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
         cuda_kernel *kernel = &c->kernels[k];
         const char *name = tovl_cuda_kernel_names[k];

@@ -22,8 +22,9 @@
  * tovl_cuda_backend_open_image) is launched by the generic convention of
  * include/tovl/tovl_cuda.h instead, never with programmatic dependent launch.
  * Bump it when a launch shape or convention changes (6: the kernels wait for
- * the kernel before them, so the host may launch them with PDL). */
-#define TOVL_CUDA_PORT_ABI 6
+ * the kernel before them, so the host may launch them with PDL; 7: the host
+ * writes the SM count into the module global `tovl_cuda_sm_count`). */
+#define TOVL_CUDA_PORT_ABI 7
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256

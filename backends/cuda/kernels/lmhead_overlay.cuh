@@ -43,12 +43,33 @@
 
 #include "common.cuh"
 
+/* The device's SM count, written by the host when it loads this port's
+ * module (cuda_backend.c); 0 until then, and in the emulator, which launches
+ * without programmatic dependent launch. */
+#if defined(TOVL_CUDA_EMU)
+static const uint32_t tovl_cuda_sm_count = 0;
+#else
+extern "C" {
+__constant__ uint32_t tovl_cuda_sm_count = 0;
+}
+#endif
+
 namespace tovl_cuda {
+
+__device__ __forceinline__ uint32_t lmhead_sm_count() {
+    return tovl_cuda_sm_count;
+}
+/* Tile counts saturate here (lmhead_pick): only their comparison with the SM
+ * count matters. */
+constexpr uint32_t LMHEAD_TILES_CAP = 1u << 26;
 
 template <int TM_, int TN_, int STAGES_, int MIN_BLOCKS_, bool TILES_FIRST_>
 struct LmheadConfig {
     static constexpr uint32_t MIN_BLOCKS = MIN_BLOCKS_; /* __launch_bounds__: blocks resident per SM */
     static constexpr bool TILES_FIRST = TILES_FIRST_;   /* block order: lmhead_place */
+    /* Whether a block lets the next kernel launch early only once the grid's
+     * tiles outnumber the SMs (lmhead_overlay): where blocks share SMs. */
+    static constexpr bool TRIGGER_WHEN_FULL = MIN_BLOCKS_ > 1;
     static constexpr uint32_t TM = TM_, TN = TN_, STAGES = STAGES_;
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
@@ -63,10 +84,12 @@ struct LmheadConfig {
     static constexpr uint32_t X_JOBS = X_VECS / THREADS, JOBS = (X_VECS + W_VECS + THREADS - 1) / THREADS;
     static constexpr bool RAGGED_JOBS = (X_VECS + W_VECS) % THREADS != 0;
     static constexpr uint32_t CELLS = TM * TN;                    /* per group */
-    static constexpr uint32_t ROUND = CELLS < 16 ? CELLS : 16;    /* cells per group per tree round */
+    static constexpr uint32_t ROUND = 16;                         /* cells per group per full tree round */
+    static constexpr uint32_t LAST_ROUND = CELLS % ROUND;         /* a partial round after the full ones */
     static_assert(THREADS == 256 && GROUP == 128 && WORDS == GROUP, "thread q of a group holds lanes 2q, 2q + 1");
     static_assert(X_VECS % THREADS == 0, "hidden-row staging jobs divide evenly");
-    static_assert(CELLS % ROUND == 0 && 2 * ROUND == 4 * WARPS, "a tree round is four cells per warp");
+    static_assert(2 * ROUND == 4 * WARPS, "a full tree round is four cells per warp");
+    static_assert(CELLS >= ROUND && LAST_ROUND % 2 == 0, "cells pair up in every round");
     static_assert(STAGES >= 2, "one chunk computed while the next lands");
     static_assert(BM == TOVL_CUDA_LMHEAD_BM, "one row-group height for every variant (the grid's x)");
 };
@@ -91,6 +114,7 @@ union alignas(16) LmheadShared {
         uint32_t pick[4];     /* found, slot, group; the window's groups */
         uint64_t rows, ids;   /* the picked slot's table cells */
         uint32_t n;
+        uint32_t fills;       /* the grid's tiles so far outnumber the SMs */
     } pick;
     struct {
         uint32_t warp_count[C::WARPS];
@@ -281,6 +305,64 @@ __device__ __forceinline__ uint32_t lmhead_tree_across_warp(float (&v)[4], uint3
     return lane / 8;
 }
 
+/* One round of the tree: cells r0 .. r0 + R of each group. Every thread
+ * writes its two lanes of those cells, then R / 2 warps finish four cells
+ * each (R = ROUND: every warp; the last round of a tile whose cells are not a
+ * multiple of ROUND has fewer) and store them. */
+template <class C, bool F32_LOGITS, uint32_t R>
+__device__ __forceinline__ void lmhead_tree_round(LmheadShared<C> &sh, const float (&acc)[C::TM][C::TN][2],
+                                                  const uint32_t (&tile_ids)[C::BN],
+                                                  const tovl_lmhead_overlay_args &a, uint32_t r0, uint32_t k0,
+                                                  uint32_t k_end) {
+    static_assert(R % 2 == 0 && R <= C::ROUND, "a round is pairs of cells, at most a full round");
+    constexpr uint32_t PAIRS = R / 2, USED_WARPS = R / 2; /* pairs per group; warps that finish cells */
+    const uint32_t tid = threadIdx.x, group = tid / C::GROUP, q = tid % C::GROUP;
+    const uint32_t lane = lane_id(), warp = tid / WARP;
+    /* Cells 2p and 2p + 1 of the round share an entry per lane, so this
+     * thread's lanes 2q, 2q + 1 of both are one 16-byte store. */
+    TOVL_UNROLL
+    for (uint32_t i = 0; i < R; i += 2) {
+        const uint32_t c0 = r0 + i, c1 = c0 + 1;
+        const float(&e)[2] = acc[c0 / C::TN][c0 % C::TN], (&o)[2] = acc[c1 / C::TN][c1 % C::TN];
+        store16(&sh.tree.lanes[group][i / 2][2 * q],
+                uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
+    }
+    __syncthreads();
+    if (warp >= USED_WARPS) {
+        return; /* uniform per warp: a partial round needs fewer warps */
+    }
+    /* Warp w takes the pairs w and w + USED_WARPS: cells 0..3 below. */
+    float v[4];
+    TOVL_UNROLL
+    for (uint32_t half = 0; half < 2; half++) {
+        const uint32_t pair = warp + half * USED_WARPS, g = pair / PAIRS, pi = pair % PAIRS;
+        float2 p[8];
+        TOVL_UNROLL
+        for (uint32_t u = 0; u < 8; u++) {
+            p[u] = sh.tree.lanes[g][pi][lane + WARP * u];
+        }
+        v[2 * half] = lmhead_tree_in_thread(p, 0);
+        v[2 * half + 1] = lmhead_tree_in_thread(p, 1);
+    }
+    const uint32_t c = lmhead_tree_across_warp(v, lane); /* on lanes 0, 8, 16, 24: cell c */
+    if (lane % 8 == 0) {
+        const uint32_t pair = warp + (c / 2) * USED_WARPS, g = pair / PAIRS;
+        const uint32_t cell = r0 + 2 * (pair % PAIRS) + c % 2;
+        const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN, t = sh.tree.rows[m];
+        if (t != UINT32_MAX && k < k_end) {
+            const uint32_t id = tile_ids[k - k0];
+            if (id < a.vocab) {
+                const size_t cell_at = (size_t)t * a.ld + id;
+                if (F32_LOGITS) {
+                    ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v[0]);
+                } else {
+                    ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v[0]);
+                }
+            }
+        }
+    }
+}
+
 /* One tile: the rows x_src points at (null: no row) x overlay rows
  * [k0, k_end) of slot s. Every thread calls it. */
 template <class C, bool F32_LOGITS>
@@ -366,52 +448,16 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
             sh.tree.rows[v / C::ROW_VECS] = src[j] ? (uint32_t)((size_t)(src[j] - hidden) / h) : UINT32_MAX;
         }
     }
-    const uint32_t lane = lane_id(), warp = tid / WARP;
     TOVL_UNROLL
-    for (uint32_t r0 = 0; r0 < C::CELLS; r0 += C::ROUND) {
+    for (uint32_t r0 = 0; r0 + C::ROUND <= C::CELLS; r0 += C::ROUND) {
         if (r0 > 0) {
             __syncthreads(); /* the previous round's lanes are read */
         }
-        /* Cells 2p and 2p + 1 of the round share an entry per lane, so this
-         * thread's lanes 2q, 2q + 1 of both are one 16-byte store. */
-        TOVL_UNROLL
-        for (uint32_t i = 0; i < C::ROUND; i += 2) {
-            const uint32_t c0 = r0 + i, c1 = c0 + 1;
-            const float(&e)[2] = acc[c0 / C::TN][c0 % C::TN], (&o)[2] = acc[c1 / C::TN][c1 % C::TN];
-            store16(&sh.tree.lanes[group][i / 2][2 * q],
-                    uint4{__float_as_uint(e[0]), __float_as_uint(o[0]), __float_as_uint(e[1]), __float_as_uint(o[1])});
-        }
+        lmhead_tree_round<C, F32_LOGITS, C::ROUND>(sh, acc, tile_ids, a, r0, k0, k_end);
+    }
+    if constexpr (C::LAST_ROUND > 0) {
         __syncthreads();
-        /* Warp w takes the pairs w and w + WARPS: cells 0..3 below. */
-        float v[4];
-        TOVL_UNROLL
-        for (uint32_t half = 0; half < 2; half++) {
-            const uint32_t pair = warp + half * C::WARPS, g = pair / (C::ROUND / 2), pi = pair % (C::ROUND / 2);
-            float2 p[8];
-            TOVL_UNROLL
-            for (uint32_t u = 0; u < 8; u++) {
-                p[u] = sh.tree.lanes[g][pi][lane + WARP * u];
-            }
-            v[2 * half] = lmhead_tree_in_thread(p, 0);
-            v[2 * half + 1] = lmhead_tree_in_thread(p, 1);
-        }
-        const uint32_t c = lmhead_tree_across_warp(v, lane); /* on lanes 0, 8, 16, 24: cell c */
-        if (lane % 8 == 0) {
-            const uint32_t pair = warp + (c / 2) * C::WARPS, g = pair / (C::ROUND / 2);
-            const uint32_t cell = r0 + 2 * (pair % (C::ROUND / 2)) + c % 2;
-            const uint32_t m = cell / C::TN, k = k0 + g * C::TN + cell % C::TN, t = sh.tree.rows[m];
-            if (t != UINT32_MAX && k < k_end) {
-                const uint32_t id = tile_ids[k - k0];
-                if (id < a.vocab) {
-                    const size_t cell_at = (size_t)t * a.ld + id;
-                    if (F32_LOGITS) {
-                        ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v[0]);
-                    } else {
-                        ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v[0]);
-                    }
-                }
-            }
-        }
+        lmhead_tree_round<C, F32_LOGITS, C::LAST_ROUND>(sh, acc, tile_ids, a, C::CELLS - C::LAST_ROUND, k0, k_end);
     }
 }
 
@@ -444,20 +490,34 @@ __device__ __forceinline__ LmheadPlace lmhead_place() {
 /* Which (slot, row group) block x of column y does: the x-th, counting the
  * groups of BM rows of every slot with overlay rows in that column, slot by
  * slot. Slots are counted a window of 32 at a time (a warp scans them). */
+/* On the side (TRIGGER_WHEN_FULL), warp 1 counts the grid's tiles (every
+ * column) in the windows scanned, and `fills` says whether they outnumber the
+ * SMs (lmhead_overlay); windows not reached are not counted, which can only
+ * make `fills` false. Warp 1 reads the SM count while warp 0 scans: at the
+ * trigger it cost up to 0.4 us on the H200, a constant-cache miss in the
+ * block's way. */
 template <class C>
 __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args &a, LmheadPlace place,
-                            uint32_t &slot, uint32_t &group, LmheadSlot &cells) {
-    const uint32_t tid = threadIdx.x, lane = lane_id(), x = place.x, k0 = place.y * C::BN;
+                            uint32_t &slot, uint32_t &group, LmheadSlot &cells, bool &fills) {
+    const uint32_t tid = threadIdx.x, lane = lane_id(), warp = tid / WARP, x = place.x, k0 = place.y * C::BN;
     uint32_t before = 0; /* groups of the windows before; the same in every thread */
+    uint32_t tiles = 0;  /* warp 1: tiles of the windows before (saturating) */
     for (uint32_t base = 0; base < a.max_loras; base += WARP) {
         /* The window's table cells, loaded alongside the row slots below
          * (one global round trip instead of three in a row). */
         uint32_t n = 0;
         uint64_t rows = 0, ids = 0;
-        if (tid < WARP && base + lane < a.max_loras) {
+        if ((warp == 0 || (C::TRIGGER_WHEN_FULL && warp == 1)) && base + lane < a.max_loras) {
             n = lmhead_rows_of(a, base + lane);
+        }
+        if (warp == 0 && base + lane < a.max_loras) {
             rows = ldg(ptr<const uint64_t>(a.rows_table) + base + lane);
             ids = ldg(ptr<const uint64_t>(a.ids_table) + base + lane);
+        }
+        if (base == 0) {
+            /* The set's table cells are in flight; what follows reads the row
+             * slots, which the kernel before may write (common.cuh). */
+            grid_dependency_wait();
         }
         __syncthreads(); /* the previous window's counts and pick are read */
         if (tid < WARP) {
@@ -474,7 +534,7 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
             }
         }
         __syncthreads();
-        if (tid < WARP) {
+        if (warp == 0) {
             const uint32_t s = base + lane;
             const bool live = s < a.max_loras && n > k0;
             const uint32_t groups = live ? (sh.pick.count[lane] + C::BM - 1) / C::BM : 0u;
@@ -496,9 +556,24 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
             if (lane == WARP - 1) {
                 sh.pick.pick[3] = end;
             }
+        } else if (C::TRIGGER_WHEN_FULL && warp == 1) {
+            /* Each slot's groups times its columns, capped far above any SM
+             * count so that a window's 32 add up in 32 bits. */
+            const uint32_t groups = (sh.pick.count[lane] + C::BM - 1) / C::BM;
+            uint32_t window = (uint32_t)min_of<uint64_t>((uint64_t)groups * ((n + C::BN - 1) / C::BN),
+                                                         LMHEAD_TILES_CAP);
+            TOVL_UNROLL
+            for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
+                window += __shfl_xor_sync(FULL_MASK, window, d);
+            }
+            tiles = min_of(tiles + window, LMHEAD_TILES_CAP);
+            if (lane == 0) {
+                sh.pick.fills = tiles > lmhead_sm_count();
+            }
         }
         __syncthreads();
         if (sh.pick.pick[0]) {
+            fills = C::TRIGGER_WHEN_FULL && sh.pick.fills != 0;
             slot = sh.pick.pick[1];
             group = sh.pick.pick[2];
             cells = LmheadSlot{ptr<const uint16_t>(sh.pick.rows), ptr<const uint32_t>(sh.pick.ids), sh.pick.n};
@@ -517,9 +592,10 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     uint32_t s, g;
     LmheadSlot cells;
     const LmheadPlace place = lmhead_place<C>();
-    /* The row slots and hidden rows may come from the kernel before (common.cuh). */
-    grid_dependency_wait();
-    if (!lmhead_pick<C>(sh, a, place, s, g, cells)) {
+    /* lmhead_pick waits for the kernel before (grid_dependency_wait), once
+     * the first slot table cells are requested. */
+    bool fills = false;
+    if (!lmhead_pick<C>(sh, a, place, s, g, cells, fills)) {
         return; /* uniform: more blocks than groups */
     }
     const uint32_t n = cells.n;
@@ -527,9 +603,17 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     const uint32_t len = lmhead_find_rows<C>(sh, a, s, g);
     /* The block knows its rows: the next kernel may start launching (it
      * waits for this grid to complete before it reads the logits). On the
-     * H200 this and the wait above took 0.3-0.5 us off a launch, as early as
-     * at entry or as late as after the chunk loop (docs/PERFORMANCE.md). */
-    grid_dependents_launch();
+     * H200 this and the wait took 0.3-0.5 us off a launch, as early as at
+     * entry or as late as after the chunk loop (docs/PERFORMANCE.md). But the
+     * next kernel's blocks are then placed beside this one's: when this grid
+     * leaves SMs free (no more tiles than SMs), two of its large tiles would
+     * land on one free SM and the next launch of this kernel took 11-12 us
+     * instead of 8.3 at T = 80-112 on the H200. So the large tiles let go
+     * early only when they fill the device; the small ones (a block per SM,
+     * nothing fits beside them) always do. */
+    if (!C::TRIGGER_WHEN_FULL || fills) {
+        grid_dependents_launch();
+    }
     /* The tile's rows, kept in registers: the shared memory is reused. */
     const uint16_t *x_src[C::X_JOBS];
     TOVL_UNROLL
