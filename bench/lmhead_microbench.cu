@@ -35,6 +35,7 @@
  * and the backend's launch geometry (a C header). */
 #include "kernels/embed_overlay.cuh"
 #include "kernels/lmhead_overlay.cuh"
+#include "kernels/lmhead_row.cuh"
 extern "C" {
 #include "cpu_kernels.h" /* the reference: the spec's dot and the f32 logit bits */
 #include "cuda_geometry.h"
@@ -100,30 +101,35 @@ static dim3 dim3_of(const uint32_t (&v)[3]) {
     return dim3(v[0], v[1], v[2]);
 }
 
-/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small
- * overrides the choice of variant, to compare the two, by telling it the device
- * has 1 SM or very many. */
+/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small|row
+ * launches that variant instead, to compare them. */
 typedef void (*LmKernel)(tovl_lmhead_overlay_args);
 struct LmLaunch {
     LmKernel fn;
     dim3 grid, block;
-    bool large;
+    const char *variant;
     int regs, spill; /* per thread: registers, local-memory bytes */
 };
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
-    tovl_cuda_device_shape device = {(uint32_t)sm_count()};
+    tovl_cuda_launch shape =
+        native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, {(uint32_t)sm_count()});
     if (const char *force = getenv("TOVL_MB_FORCE")) {
-        device.sm_count = strcmp(force, "large") == 0 ? 1u : UINT32_MAX;
+        const tovl_cuda_variant v = strcmp(force, "row") == 0     ? TOVL_CUDA_VARIANT_ROW
+                                    : strcmp(force, "small") == 0 ? TOVL_CUDA_VARIANT_SMALL
+                                                                  : TOVL_CUDA_VARIANT_PLAIN;
+        if (tovl_cuda_lmhead_shape(v, &a, &shape) != TOVL_OK) {
+            fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
+            exit(2);
+        }
     }
-    const tovl_cuda_launch shape =
-        native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, device);
+    static const LmKernel kernels[TOVL_CUDA_VARIANT_COUNT][2] = {
+        {lmhead_overlay_bf16, lmhead_overlay_f32},
+        {lmhead_overlay_bf16_small, lmhead_overlay_f32_small},
+        {lmhead_overlay_bf16_row, lmhead_overlay_f32_row}};
+    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large", "small", "row"};
     LmLaunch l;
-    l.large = !shape.small_variant;
-    if (l.large) {
-        l.fn = f32 ? lmhead_overlay_f32 : lmhead_overlay_bf16;
-    } else {
-        l.fn = f32 ? lmhead_overlay_f32_small : lmhead_overlay_bf16_small;
-    }
+    l.fn = kernels[shape.variant][f32];
+    l.variant = names[shape.variant];
     l.grid = dim3_of(shape.grid);
     l.block = dim3_of(shape.block);
     cudaFuncAttributes fa;
@@ -190,7 +196,7 @@ static void bench_lmhead(Workload &w, bool f32) {
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { backend_launch(l.fn, l.grid, l.block, st, a); });
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, l.large ? "large" : "small", l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           f32 ? "f32" : "bf16", w.T, cells, l.variant, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");

@@ -126,51 +126,62 @@ Test(cuda_geometry, rowdiff_and_embed) {
     cr_expect_eq(l.block[0] * l.block[1] * l.block[2], 256);
 }
 
-/* A block per (8 rows of a slot, BN overlay rows): x = ceil(T / 8) +
- * min(max_loras, T), BN = 8 for both variants (they differ in occupancy and
- * ring depth). */
-static void expect_grid(const tovl_cuda_launch *l, uint32_t x, uint32_t y, uint32_t z) {
+/* The tiles: a block per (8 rows of a slot, BN overlay rows), x = ceil(T / 8)
+ * + min(max_loras, T), BN = 8 for both tile variants (they differ in occupancy
+ * and ring depth). The row variant: a block per (row, 4 overlay rows). */
+static void expect_grid(const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x, uint32_t y, uint32_t z) {
+    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
+    cr_expect(l->variant == variant, "variant %s, expected %s", names[l->variant], names[variant]);
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "grid %u x %u x %u, expected %u x %u x %u",
               l->grid[0], l->grid[1], l->grid[2], x, y, z);
-    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], 256);
+    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], variant == TOVL_CUDA_VARIANT_ROW ? 128 : 256);
+}
+
+static tovl_cuda_launch lmhead_launch_at(tovl_lmhead_overlay_args *a, uint32_t T, uint32_t max_n) {
+    tovl_cuda_launch l;
+    a->T = T;
+    a->max_n = max_n;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){T, max_n, 1}, a, &h200, &l), TOVL_OK,
+                 "%s", tovl_last_error());
+    return l;
 }
 
 Test(cuda_geometry, lmhead_variant_and_blocks) {
-    tovl_cuda_launch l;
-    tovl_lmhead_overlay_args a = {.T = 512, .h = 4096, .max_n = 64, .max_loras = 8};
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_F32, (uint32_t[3]){512, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect_not(l.small_variant, "T = 512 x 64 rows fills 132 SMs with large tiles");
-    expect_grid(&l, 72, 8, 1);
-    a.T = 64;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){64, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect(l.small_variant, "T = 64 takes the small tiles: 16 x 8 blocks, one per SM");
-    expect_grid(&l, 16, 8, 1);
-    a.T = 96;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){96, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect_not(l.small_variant, "T = 96: 20 x 8 small blocks would not each get an SM");
-    expect_grid(&l, 20, 8, 1);
-    a.T = 3;
-    a.max_n = 2;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){3, 2, 1}, &a, &h200, &l), TOVL_OK);
-    expect_grid(&l, 4, 1, 1);
-    a.T = 100000;
-    a.max_n = 64;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){100000, 64, 1}, &a, &h200, &l), TOVL_OK);
-    cr_expect_not(l.small_variant);
-    expect_grid(&l, 12508, 8, 1);
-    a.T = 0;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){0, 64, 1}, &a, &h200, &l), TOVL_OK);
+    tovl_lmhead_overlay_args a = {.h = 4096, .max_loras = 8};
+    tovl_cuda_launch l = lmhead_launch_at(&a, 512, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 72, 8, 1); /* fills 132 SMs with large tiles */
+    l = lmhead_launch_at(&a, 64, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 16, 8, 1); /* 16 x 8 small tiles, one per SM */
+    l = lmhead_launch_at(&a, 96, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 20, 8, 1); /* 20 x 8 small tiles would not each get an SM */
+    /* The row variant while all its blocks are resident, 4 to an SM: 33 x 16 <= 528. */
+    l = lmhead_launch_at(&a, 33, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 33, 16, 1);
+    l = lmhead_launch_at(&a, 34, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 13, 8, 1);
+    l = lmhead_launch_at(&a, 1, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 1, 16, 1);
+    l = lmhead_launch_at(&a, 3, 2);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 3, 1, 1);
+    l = lmhead_launch_at(&a, 100000, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 12508, 8, 1);
+    l = lmhead_launch_at(&a, 0, 64);
     cr_expect_eq(l.grid[0], 0, "nothing to launch");
-    a.T = 8;
     a.max_loras = 0;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, 64, 1}, &a, &h200, &l), TOVL_OK);
+    l = lmhead_launch_at(&a, 8, 64);
     cr_expect(l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0, "no slots: nothing to launch");
     /* Beyond CUDA's y limit the blocks loop over columns. */
-    a.max_n = 0xFFFFFFF0u;
     a.max_loras = 100000;
-    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){8, a.max_n, 1}, &a, &h200, &l),
-                 TOVL_OK);
-    expect_grid(&l, 9, 65535, 1);
+    l = lmhead_launch_at(&a, 8, 0xFFFFFFF0u);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 9, 65535, 1);
+    /* Each variant's shape on request (the microbenchmark's TOVL_MB_FORCE). */
+    a.T = 64;
+    a.max_n = 64;
+    a.max_loras = 8;
+    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW, &a, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 64, 16, 1);
+    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, &a, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 16, 8, 1);
 }
 
 Test(cuda_geometry, another_ports_convention) {
@@ -229,6 +240,8 @@ static const cuda_scenario gpu_scenarios[] = {
     {"bench_t512", 512, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"row_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
     {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},
@@ -301,15 +314,11 @@ static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream
     CU_OK(tovl_cuda_launch_kernel(cu, fn, grid, block, stream, params, true));
 }
 
-Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
-    tovl_backend *be = open_cuda_or_skip(), *cpu = NULL;
-    const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
-    if (strcmp(pdl, "on") != 0) {
-        tovl_backend_close(be);
-        cr_skip_test("programmatic dependent launch is %s", pdl);
-    }
-    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
-    const cuda_scenario sc = {"pdl_wait", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false};
+/* The hooks at batch size T, each after a slow_copy that writes its input. */
+static void expect_hooks_wait(tovl_backend *be, tovl_backend *cpu, CUfunction slow_copy, CUstream stream, uint32_t T) {
+    char name[32];
+    snprintf(name, sizeof name, "pdl_wait_t%u", T);
+    const cuda_scenario sc = {name, T, 4096, 32000, 8, 8, 0, 1, 64, false, false};
     tu_rng r = tu_rng_for(sc.name);
     const uint64_t seed = tu_next(&r);
     cuda_hook_case ref, hc;
@@ -319,11 +328,6 @@ Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     cr_assert_eq(cuda_case_read(&ref, &want), TOVL_OK, "%s", tovl_last_error());
 
     const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
-    CUstream stream = cuda_engine_stream_open(be);
-    CUmodule module = NULL;
-    CUfunction slow_copy = NULL;
-    CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
-    CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
     cr_assert_eq(cuda_case_setup(be, &sc, seed, &hc), TOVL_OK, "%s", tovl_last_error());
     /* The true inputs aside; poison where the hooks will read them. */
     const size_t ids_bytes = (size_t)sc.T * 4, hidden_bytes = (size_t)sc.T * sc.h * 2;
@@ -358,6 +362,28 @@ Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_free(be, hidden_f32);
     cuda_case_free(&hc);
     cuda_case_free(&ref);
+}
+
+/* Each lm_head variant: the row variant (T = 8), the small tiles (T = 64)
+ * and the large tiles (T = 512) on an H200-sized GPU. */
+Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
+    tovl_backend *be = open_cuda_or_skip(), *cpu = NULL;
+    const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
+    if (strcmp(pdl, "on") != 0) {
+        tovl_backend_close(be);
+        cr_skip_test("programmatic dependent launch is %s", pdl);
+    }
+    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    CUstream stream = cuda_engine_stream_open(be);
+    CUmodule module = NULL;
+    CUfunction slow_copy = NULL;
+    CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
+    CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
+    const uint32_t sizes[] = {8, 64, 512};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        expect_hooks_wait(be, cpu, slow_copy, stream, sizes[i]);
+    }
     cu->cuModuleUnload(module);
     cuda_engine_stream_close(be, stream);
     tovl_backend_close(be);

@@ -2,7 +2,8 @@
  * The CUDA port's kernels (backends/cuda/token_overlay.cu) run on the host by
  * the emulation in backends/cuda/emu, launched with the CUDA backend's own
  * geometry, and checked bit for bit against the CPU reference: the whole
- * conformance suite on device shapes that select either lm_head variant, plus
+ * conformance suite through each lm_head variant and as the backend chooses
+ * them on several device shapes, plus
  * batches that only a GPU-sized launch reaches (T = 512 over 8 slots, 2600
  * rows, 700 slots). Needs no GPU: this is how
  * the kernels' logic and dot order are verified where CI has no NVIDIA GPU.
@@ -25,8 +26,17 @@ static tovl_backend *open_emu(const tovl_cuda_device_shape *shape, const char *s
     return be;
 }
 
-static void conform_on(const tovl_cuda_device_shape *shape, const char *salt) {
-    tovl_backend *ref = NULL, *emu = open_emu(shape, salt);
+/* lm_head launches as the backend chooses them (lmhead < 0), or always as
+ * that variant. */
+static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const char *salt) {
+    tovl_backend *ref = NULL, *emu = NULL;
+    if (lmhead < 0) {
+        emu = open_emu(shape, salt);
+    } else {
+        tu_rng r = tu_rng_for(salt);
+        cr_assert_eq(tovl_cuda_emu_backend_open_variant(shape, (tovl_cuda_variant)lmhead, tu_next(&r), &emu), TOVL_OK,
+                     "%s", tovl_last_error());
+    }
     cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
     tu_rng r = tu_rng_for(salt);
     uint64_t seed = tu_next(&r);
@@ -43,22 +53,28 @@ static void conform_on(const tovl_cuda_device_shape *shape, const char *salt) {
     tovl_backend_close(ref);
 }
 
-/* One SM: every batch takes the large tiles. */
+/* Every lm_head variant through the whole suite, whatever the batch would
+ * choose (the backend picks the row variant for small batches, the small
+ * tiles for T up to about 64 and the large tiles beyond: cuda_geometry.c). */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){1}, "cuda_emu_large");
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_PLAIN, "cuda_emu_large");
 }
 
-/* An H200's 132 SMs: the suite's small batches take the small tiles, spread
- * over more blocks than there is work. */
-Test(cuda_emu, conformance_small_tiles_h200_shape, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){132}, "cuda_emu_h200");
+Test(cuda_emu, conformance_small_tiles, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_SMALL, "cuda_emu_small");
 }
 
-/* 5 and 7 SMs: the variant is chosen against a small device (most batches
- * take the large tiles). */
-Test(cuda_emu, conformance_uneven_split, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){5}, "cuda_emu_5");
-    conform_on(&(tovl_cuda_device_shape){7}, "cuda_emu_7");
+Test(cuda_emu, conformance_row, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW, "cuda_emu_row");
+}
+
+/* The backend's own choice on an H200's 132 SMs (the suite's small batches
+ * take the row variant) and on 1, 5 and 7 SMs (most take the tiles). */
+Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_h200");
+    conform_on(&(tovl_cuda_device_shape){1}, -1, "cuda_emu_1");
+    conform_on(&(tovl_cuda_device_shape){5}, -1, "cuda_emu_5");
+    conform_on(&(tovl_cuda_device_shape){7}, -1, "cuda_emu_7");
 }
 
 static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_scenario *sc) {
@@ -79,6 +95,20 @@ Test(cuda_emu, bench_shape_t512, .timeout = 900) {
 Test(cuda_emu, bench_shape_t64, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
+}
+
+/* A decode step of the benchmark's shape, T = 8: the row variant, 8 x 16
+ * blocks of a warp per overlay row. */
+Test(cuda_emu, bench_shape_t8, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
+}
+
+/* The row variant with slots past the first 32 (whose table cells it loads
+ * after the row's slot rather than picking them from the early loads), odd h. */
+Test(cuda_emu, row_variant_slots_past_32, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"row_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* A long batch: 2600 rows, about 65 row groups per slot, so collecting a

@@ -112,7 +112,7 @@ Test(cuda_graph, hooks_replay_bit_identically_t64, .timeout = 600) {
     graph_case(&(cuda_scenario){"graph_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* Decode with one active slot and no slot array. */
+/* Decode with one active slot and no slot array: the row variant. */
 Test(cuda_graph, hooks_replay_bit_identically_active_slot, .timeout = 600) {
     graph_case(&(cuda_scenario){"graph_active", 16, 2048, 32000, 4, 1, 1, 1, 16, true, false});
 }

@@ -30,8 +30,8 @@ extern const size_t tovl_cuda_fatbin_size;
 #endif
 
 typedef struct cuda_kernel {
-    CUfunction fn;                 /* NULL: the module lacks this kernel */
-    CUfunction small_fn;           /* lm_head of this port: the small-tile variant */
+    CUfunction fn[TOVL_CUDA_VARIANT_COUNT]; /* [PLAIN] NULL: the module lacks this kernel;
+                                               the others: this port's launch variants */
     tovl_cuda_foreign_shape shape; /* another port's module: its launch convention */
 } cuda_kernel;
 
@@ -171,7 +171,7 @@ static tovl_status cuda_synchronize(void *ctx, void *stream) {
 static tovl_kernel cuda_try_kernel(void *ctx, const char *name) {
     cuda_ctx *c = ctx;
     int k = tovl_cuda_kernel_by_name(name);
-    return k >= 0 && c->kernels[k].fn ? (tovl_kernel)k + 1 : 0;
+    return k >= 0 && c->kernels[k].fn[TOVL_CUDA_VARIANT_PLAIN] ? (tovl_kernel)k + 1 : 0;
 }
 
 static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
@@ -182,7 +182,7 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     if (st != TOVL_OK) {
         return st;
     }
-    if (!c->kernels[k].fn) {
+    if (!c->kernels[k].fn[TOVL_CUDA_VARIANT_PLAIN]) {
         return tovl_error(TOVL_ERR_LAUNCH, "cuda: module %s has no %s", c->module_text, tovl_cuda_kernel_names[k]);
     }
     tovl_cuda_launch dims;
@@ -197,15 +197,15 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
         return st;
     }
     void *params[] = {(void *)args};
-    CUfunction fn = dims.small_variant ? c->kernels[k].small_fn : c->kernels[k].fn;
+    CUfunction fn = c->kernels[k].fn[dims.variant];
     CUresult r =
         tovl_cuda_launch_kernel(&c->drv, fn, dims.grid, dims.block, stream_or_own(c, stream), params, c->pdl);
     ctx_leave(c, pushed);
     if (r != CUDA_SUCCESS) {
-        return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: %s(%s%s, grid %u x %u, block %u)",
-                              c->pdl ? "cuLaunchKernelEx" : "cuLaunchKernel", tovl_cuda_kernel_names[k],
-                              dims.small_variant ? "_small" : "", dims.grid[0], dims.grid[1],
-                              dims.block[0] * dims.block[1]);
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: %s(%s, grid %u x %u, block %u)",
+                              c->pdl ? "cuLaunchKernelEx" : "cuLaunchKernel",
+                              c->native ? tovl_cuda_function_names[k][dims.variant] : tovl_cuda_kernel_names[k],
+                              dims.grid[0], dims.grid[1], dims.block[0] * dims.block[1]);
     }
     return TOVL_OK;
 }
@@ -571,15 +571,18 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
     for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
         cuda_kernel *kernel = &c->kernels[k];
         const char *name = tovl_cuda_kernel_names[k];
-        st = get_function(c, name, &kernel->fn);
-        if (st == TOVL_OK && kernel->fn && c->native && tovl_cuda_small_variant_names[k]) {
-            st = get_function(c, tovl_cuda_small_variant_names[k], &kernel->small_fn);
-            if (st == TOVL_OK && !kernel->small_fn) {
-                st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module %s has %s but not %s", c->module_text, name,
-                                tovl_cuda_small_variant_names[k]);
+        st = get_function(c, name, &kernel->fn[TOVL_CUDA_VARIANT_PLAIN]);
+        for (int v = TOVL_CUDA_VARIANT_PLAIN + 1; v < TOVL_CUDA_VARIANT_COUNT; v++) {
+            const char *variant = tovl_cuda_function_names[k][v];
+            if (st == TOVL_OK && kernel->fn[TOVL_CUDA_VARIANT_PLAIN] && c->native && variant) {
+                st = get_function(c, variant, &kernel->fn[v]);
+                if (st == TOVL_OK && !kernel->fn[v]) {
+                    st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module %s has %s but not %s", c->module_text,
+                                    name, variant);
+                }
             }
         }
-        if (st == TOVL_OK && kernel->fn && !c->native) {
+        if (st == TOVL_OK && kernel->fn[TOVL_CUDA_VARIANT_PLAIN] && !c->native) {
             char global[64];
             uint32_t shape[4];
             snprintf(global, sizeof global, "%s_launch", name);

@@ -9,8 +9,11 @@
 const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
-const char *const tovl_cuda_small_variant_names[TOVL_CUDA_KERNEL_COUNT] = {
-    NULL, NULL, "lmhead_overlay_bf16_small", "lmhead_overlay_f32_small"};
+const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row"},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row"}};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -60,28 +63,73 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
-/* A block per (group of BM rows of one slot, BN overlay rows); see
- * launch_shape.h. The slots' groups number at most ceil(T / BM) plus one per
- * slot that has rows. The small tiles (one block per SM) are used only when
- * every block of their grid gets an SM of its own; otherwise the large tiles,
- * two blocks per SM. (Before: small whenever ceil(T / BM) full groups gave
- * fewer large tiles than SMs, which left T = 128 with about 170 small tiles
- * for 132 SMs on the H200, two rounds: 15.6 us against 12.4 for the large
- * tiles; docs/PERFORMANCE.md, ninth session.) */
-static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
-                                 tovl_cuda_launch *out) {
+/* Three shapes (launch_shape.h), the first that fits:
+ * - row: a block per (row, ROW_CELLS overlay rows), when all of them are
+ *   resident at once (ROW_BLOCKS_PER_SM to an SM). It reads each overlay row
+ *   once per row rather than once per 8, so it is for small batches: on the
+ *   H200 with 8 slots x 64 rows it took 3.6-5.1 us at T = 1-32 where the
+ *   small tiles take 7.9, and 9.0 at T = 48 (docs/PERFORMANCE.md, eleventh
+ *   session).
+ * - small tiles: a block per (group of BM rows of one slot, BN overlay rows)
+ *   at one block per SM, when every block of the grid gets an SM of its own.
+ *   The slots' groups number at most ceil(T / BM) plus one per slot that has
+ *   rows. (Before the ninth session: small whenever ceil(T / BM) full groups
+ *   gave fewer large tiles than SMs, which left T = 128 with about 170 small
+ *   tiles for 132 SMs on the H200, two rounds: 15.6 us against 12.4.)
+ * - large tiles, two blocks per SM: everything else. */
+tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
+                                   tovl_cuda_launch *out) {
+    memset(out, 0, sizeof *out);
+    out->variant = variant;
     if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    const uint32_t sms = device->sm_count ? device->sm_count : 1;
-    const uint32_t groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T);
-    out->small_variant = (uint64_t)groups * ceil_div(a->max_n, TOVL_CUDA_LMHEAD_SMALL_BN) <= (uint64_t)sms;
-    const uint32_t bn = out->small_variant ? TOVL_CUDA_LMHEAD_SMALL_BN : TOVL_CUDA_LMHEAD_LARGE_BN;
-    set_dims(out, groups, TOVL_CUDA_LMHEAD_THREADS);
+    if (variant == TOVL_CUDA_VARIANT_ROW) {
+        if (a->T > GRID_X_MAX) {
+            return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lm_head row variant over %u rows (at most %u)", a->T,
+                              GRID_X_MAX);
+        }
+        set_dims(out, a->T, TOVL_CUDA_LMHEAD_ROW_THREADS);
+    } else {
+        /* The slots' groups of BM rows number at most ceil(T / BM) plus one
+         * per slot that has rows; a block finds its group on the device. */
+        set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
+    }
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW     ? TOVL_CUDA_LMHEAD_ROW_CELLS
+                             : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
+                                                                  : TOVL_CUDA_LMHEAD_LARGE_BN;
     /* Beyond CUDA's y limit the blocks loop over columns. */
-    out->grid[1] = min_u32(ceil_div(a->max_n, bn), GRID_YZ_MAX);
+    out->grid[1] = min_u32(ceil_div(a->max_n, columns), GRID_YZ_MAX);
     return TOVL_OK;
+}
+
+/* Three shapes (launch_shape.h), the first that fits:
+ * - row: a block per (row, ROW_CELLS overlay rows), when all of them are
+ *   resident at once (ROW_BLOCKS_PER_SM to an SM). It reads each overlay row
+ *   once per row rather than once per 8, so it is for small batches: on the
+ *   H200 with 8 slots x 64 rows it took 3.6-5.1 us at T = 1-32 where the
+ *   small tiles take 7.9, and 9.0 at T = 48 (docs/PERFORMANCE.md, eleventh
+ *   session).
+ * - small tiles, one block per SM, when every block of their grid gets an SM
+ *   of its own. (Before the ninth session: small whenever ceil(T / BM) full
+ *   groups gave fewer large tiles than SMs, which left T = 128 with about 170
+ *   small tiles for 132 SMs on the H200, two rounds: 15.6 us against 12.4.)
+ * - large tiles, two blocks per SM: everything else. */
+static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
+                                 tovl_cuda_launch *out) {
+    const uint64_t sms = device->sm_count ? device->sm_count : 1;
+    if (a->T <= GRID_X_MAX) {
+        tovl_status st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW, a, out);
+        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM) {
+            return st;
+        }
+    }
+    tovl_status st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_SMALL, a, out);
+    if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms) {
+        return st;
+    }
+    return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, a, out);
 }
 
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,

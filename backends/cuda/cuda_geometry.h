@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tovl/kernel_args.h"
 #include "tovl/tovl.h"
 
 /* The four kernels, in the order of the handles the backend gives out
@@ -24,8 +25,19 @@ typedef enum tovl_cuda_kernel_id {
 } tovl_cuda_kernel_id;
 
 extern const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT];
-/* This port's small-tile lm_head variants (NULL for the other kernels). */
-extern const char *const tovl_cuda_small_variant_names[TOVL_CUDA_KERNEL_COUNT];
+
+/* This port's launch-shape variants of a kernel (launch_shape.h). Every
+ * kernel has the plain one, under its spec name; lm_head also has two more. */
+typedef enum tovl_cuda_variant {
+    TOVL_CUDA_VARIANT_PLAIN = 0, /* lm_head: large tiles, two blocks per SM */
+    TOVL_CUDA_VARIANT_SMALL,     /* lm_head: small tiles, a block per SM */
+    TOVL_CUDA_VARIANT_ROW,       /* lm_head: a block per row and 4 overlay rows */
+    TOVL_CUDA_VARIANT_COUNT
+} tovl_cuda_variant;
+
+/* The function of kernel k's variant v in this port's module; NULL where the
+ * kernel has no such variant. [k][TOVL_CUDA_VARIANT_PLAIN] is the spec name. */
+extern const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT];
 extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
 
 /* The kernel of that name, or -1. */
@@ -44,12 +56,17 @@ typedef struct tovl_cuda_device_shape {
 typedef struct tovl_cuda_launch {
     uint32_t grid[3];
     uint32_t block[3];
-    bool small_variant; /* lm_head: launch the small-tile variant */
+    tovl_cuda_variant variant; /* which of this port's functions to launch */
 } tovl_cuda_launch;
 
 /* This port's kernels. A grid with a zero dimension means nothing to launch. */
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,
                                     const tovl_cuda_device_shape *device, tovl_cuda_launch *out);
+
+/* The shape of lm_head's variant `variant` for these arguments, the choice
+ * being the caller's (tovl_cuda_native_launch makes it for the backend). */
+tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
+                                   tovl_cuda_launch *out);
 
 /* Another port's kernels (include/tovl/tovl_cuda.h): blocks of block_x x
  * block_y threads, each covering items_x x items_y points of the logical grid. */

@@ -71,4 +71,19 @@
 #define TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS 1
 #endif
 
+/* The "row" variant (lmhead_overlay_bf16_row, lmhead_overlay_f32_row) for
+ * small batches: a block per (row t, ROW_CELLS overlay rows of its slot), a
+ * warp per cell, grid (T, ceil(max_n / ROW_CELLS) capped at 65535); the host
+ * takes it when all those blocks are resident at once, BLOCKS_PER_SM to an SM
+ * (its register cap: 128 per thread). ROUNDS_AHEAD: 256-element rounds of
+ * each row a thread requests before it uses the first. On the H200 (seed 777,
+ * rows of 4096) 8 ahead took 3.9 us at T = 8 against 5.6 for 16 ahead (220
+ * registers; docs/PERFORMANCE.md, eleventh session). */
+#define TOVL_CUDA_LMHEAD_ROW_THREADS 128
+#define TOVL_CUDA_LMHEAD_ROW_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 32)
+#define TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM 4
+#ifndef TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD
+#define TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD 8
+#endif
+
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -26,6 +26,12 @@ tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], c
  * launched with tovl_cuda_native_launch for a device of `shape`. */
 tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out);
 
+/* The same, but every lm_head launch takes variant `lmhead` whatever the
+ * batch (tovl_cuda_lmhead_shape), so that each variant can be run through the
+ * whole conformance suite. */
+tovl_status tovl_cuda_emu_backend_open_variant(const tovl_cuda_device_shape *shape, tovl_cuda_variant lmhead,
+                                               uint64_t seed, tovl_backend **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,8 @@
 typedef struct emu_ctx {
     tovl_backend *host; /* the CPU backend: allocation and copies */
     tovl_cuda_device_shape shape;
+    bool force_lmhead;            /* every lm_head launch takes lmhead_variant */
+    tovl_cuda_variant lmhead_variant;
     uint64_t seed;
     uint64_t launches;
     char device[96];
@@ -73,11 +75,13 @@ static tovl_status emu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
         return st;
     }
     tovl_cuda_launch dims;
-    st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
+    const bool lmhead = k == TOVL_CUDA_LMHEAD_BF16 || k == TOVL_CUDA_LMHEAD_F32;
+    st = c->force_lmhead && lmhead ? tovl_cuda_lmhead_shape(c->lmhead_variant, args, &dims)
+                                   : tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }
-    const char *function = dims.small_variant ? tovl_cuda_small_variant_names[k] : tovl_cuda_kernel_names[k];
+    const char *function = tovl_cuda_function_names[k][dims.variant];
     return tovl_cuda_emu_launch(function, dims.grid, dims.block, args, c->seed + c->launches++);
 }
 
@@ -103,7 +107,8 @@ static const tovl_backend_iface emu_iface = {
     .synchronize = emu_synchronize,
 };
 
-tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out) {
+static tovl_status emu_open(const tovl_cuda_device_shape *shape, bool force_lmhead, tovl_cuda_variant lmhead,
+                            uint64_t seed, tovl_backend **out) {
     *out = NULL;
     emu_ctx *c = calloc(1, sizeof *c);
     if (!c) {
@@ -115,7 +120,24 @@ tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint
         return st;
     }
     c->shape = *shape;
+    c->force_lmhead = force_lmhead;
+    c->lmhead_variant = lmhead;
     c->seed = seed;
-    snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs)", shape->sm_count);
+    static const char *const variants[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
+    snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs%s%s)", shape->sm_count,
+             force_lmhead ? ", lm_head always " : "", force_lmhead ? variants[lmhead] : "");
     return tovl_backend_create(&emu_iface, c, out);
+}
+
+tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out) {
+    return emu_open(shape, false, TOVL_CUDA_VARIANT_PLAIN, seed, out);
+}
+
+tovl_status tovl_cuda_emu_backend_open_variant(const tovl_cuda_device_shape *shape, tovl_cuda_variant lmhead,
+                                               uint64_t seed, tovl_backend **out) {
+    if ((int)lmhead < 0 || lmhead >= TOVL_CUDA_VARIANT_COUNT) {
+        *out = NULL;
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda-emu: no lm_head variant %d", (int)lmhead);
+    }
+    return emu_open(shape, true, lmhead, seed, out);
 }
