@@ -63,20 +63,8 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
-/* Three shapes (launch_shape.h), the first that fits:
- * - row: a block per (row, ROW_CELLS overlay rows), when all of them are
- *   resident at once (ROW_BLOCKS_PER_SM to an SM). It reads each overlay row
- *   once per row rather than once per 8, so it is for small batches: on the
- *   H200 with 8 slots x 64 rows it took 3.6-5.1 us at T = 1-32 where the
- *   small tiles take 7.9, and 9.0 at T = 48 (docs/PERFORMANCE.md, eleventh
- *   session).
- * - small tiles: a block per (group of BM rows of one slot, BN overlay rows)
- *   at one block per SM, when every block of the grid gets an SM of its own.
- *   The slots' groups number at most ceil(T / BM) plus one per slot that has
- *   rows. (Before the ninth session: small whenever ceil(T / BM) full groups
- *   gave fewer large tiles than SMs, which left T = 128 with about 170 small
- *   tiles for 132 SMs on the H200, two rounds: 15.6 us against 12.4.)
- * - large tiles, two blocks per SM: everything else. */
+/* The row variant: a block per (row, ROW_CELLS overlay rows). The tiles: a
+ * block per (group of BM rows of one slot, BN overlay rows). */
 tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
                                    tovl_cuda_launch *out) {
     memset(out, 0, sizeof *out);
@@ -108,7 +96,7 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
  * - row: a block per (row, ROW_CELLS overlay rows), when all of them are
  *   resident at once (ROW_BLOCKS_PER_SM to an SM). It reads each overlay row
  *   once per row rather than once per 8, so it is for small batches: on the
- *   H200 with 8 slots x 64 rows it took 3.6-5.1 us at T = 1-32 where the
+ *   H200 with 8 slots x 64 rows it took 3.4-5.1 us at T = 1-33 where the
  *   small tiles take 7.9, and 9.0 at T = 48 (docs/PERFORMANCE.md, eleventh
  *   session).
  * - small tiles, one block per SM, when every block of their grid gets an SM

@@ -5,14 +5,19 @@
  *
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
- *   lmhead_overlay_*  a block per (group of BM rows of one slot, BN overlay
- *                     rows): grid (ceil(T / BM) + min(max_loras, T),
- *                     ceil(max_n / BN) capped at 65535 (blocks then loop), 1);
- *                     each block finds its slot and group on the device (the
- *                     large variant numbers the blocks so that the groups that
- *                     exist are launched first: lmhead_place). Each
- *                     hidden row is read once per BN overlay rows, each
- *                     overlay row once per BM hidden rows.
+ *   lmhead_overlay_*  three variants (cuda_geometry.c chooses):
+ *                     row (small batches): a block per (row t, ROW_CELLS
+ *                     overlay rows of its slot), grid (T, ceil(max_n /
+ *                     ROW_CELLS)); each overlay row is read once per row.
+ *                     small and large tiles: a block per (group of BM rows
+ *                     of one slot, BN overlay rows): grid (ceil(T / BM) +
+ *                     min(max_loras, T), ceil(max_n / BN) capped at 65535
+ *                     (blocks then loop), 1); each block finds its slot and
+ *                     group on the device (the large variant numbers the
+ *                     blocks so that the groups that exist are launched
+ *                     first: lmhead_place). Each hidden row is read once per
+ *                     BN overlay rows, each overlay row once per BM hidden
+ *                     rows.
  */
 #ifndef TOVL_CUDA_LAUNCH_SHAPE_H
 #define TOVL_CUDA_LAUNCH_SHAPE_H
@@ -23,14 +28,15 @@
  * include/tovl/tovl_cuda.h instead, never with programmatic dependent launch.
  * Bump it when a launch shape or convention changes (6: the kernels wait for
  * the kernel before them, so the host may launch them with PDL; 7: the host
- * writes the SM count into the module global `tovl_cuda_sm_count`). */
-#define TOVL_CUDA_PORT_ABI 7
+ * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
+ * lm_head row variant). */
+#define TOVL_CUDA_PORT_ABI 8
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
 
 #define TOVL_CUDA_LMHEAD_THREADS 256
-/* Rows per tile (the grid's x unit), the same for both variants. */
+/* Rows per tile (the grid's x unit), the same for both tile variants. */
 #define TOVL_CUDA_LMHEAD_BM 8
 
 /* The "large" variant (lmhead_overlay_bf16, lmhead_overlay_f32): tiles of
