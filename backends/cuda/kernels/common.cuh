@@ -107,6 +107,23 @@ __device__ __forceinline__ uint4 load16(const void *p) {
     return ldg(reinterpret_cast<const uint4 *>(p));
 }
 
+/* The 8 elements from e of a bf16 row (0 past h), as a 16-byte vector: one
+ * load when `vectors` (the row 16-byte aligned, h a multiple of 8) and the 8
+ * lie within h, else element by element. */
+__device__ __forceinline__ uint4 load8_bf16(const uint16_t *row, uint32_t e, uint32_t h, bool vectors) {
+    if (vectors && e + 8 <= h) {
+        return load16(row + e);
+    }
+    uint32_t word[4] = {0, 0, 0, 0};
+    TOVL_UNROLL
+    for (uint32_t i = 0; i < 8; i++) {
+        if (e + i < h) {
+            word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
+        }
+    }
+    return uint4{word[0], word[1], word[2], word[3]};
+}
+
 /* A 16-byte store; p must be 16-byte aligned. */
 __device__ __forceinline__ void store16(void *p, uint4 v) {
 #if defined(TOVL_CUDA_EMU)

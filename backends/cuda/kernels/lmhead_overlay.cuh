@@ -171,21 +171,6 @@ __device__ uint32_t lmhead_find_rows(LmheadShared<C> &sh, const tovl_lmhead_over
     return found > first ? (uint32_t)min_of<uint64_t>(found - first, C::BM) : 0u;
 }
 
-/* The 8 elements from e of a row (0 past h), as a 16-byte vector. */
-__device__ __forceinline__ uint4 lmhead_load8(const uint16_t *row, uint32_t e, uint32_t h, bool vectors) {
-    if (vectors && e + 8 <= h) {
-        return load16(row + e);
-    }
-    uint32_t word[4] = {0, 0, 0, 0};
-    TOVL_UNROLL
-    for (uint32_t i = 0; i < 8; i++) {
-        if (e + i < h) {
-            word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
-        }
-    }
-    return uint4{word[0], word[1], word[2], word[3]};
-}
-
 /* Starts staging chunk c into ring slot buf: this thread's vectors, by
  * cp.async where the row is 16-byte aligned (vectors) and the vector lies
  * within h, else by a plain store (zero for an absent row or past h). */
@@ -204,7 +189,7 @@ __device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t
         if (src[j] && vectors && e + 8 <= h) {
             copy16_async(dst, src[j] + e);
         } else {
-            store16(dst, src[j] ? lmhead_load8(src[j], e, h, vectors) : uint4{0, 0, 0, 0});
+            store16(dst, src[j] ? load8_bf16(src[j], e, h, vectors) : uint4{0, 0, 0, 0});
         }
     }
 }

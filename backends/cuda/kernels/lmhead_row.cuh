@@ -78,22 +78,6 @@ __device__ __forceinline__ float lmhead_row_tree(float (&acc)[LmheadRow::LANES_P
     return acc[0];
 }
 
-/* The 8 elements from e of a row, as a 16-byte vector: one load when the row
- * allows it, else element by element (0 past h; those are never used). */
-__device__ __forceinline__ uint4 lmhead_row_load8(const uint16_t *row, uint32_t e, uint32_t h, bool vectors) {
-    if (vectors && e + 8 <= h) {
-        return load16(row + e);
-    }
-    uint32_t word[4] = {0, 0, 0, 0};
-    TOVL_UNROLL
-    for (uint32_t i = 0; i < 8; i++) {
-        if (e + i < h) {
-            word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
-        }
-    }
-    return uint4{word[0], word[1], word[2], word[3]};
-}
-
 /* One cell: row x of the hidden states times overlay row w; the result in
  * lane 0. Every lane of the warp calls it. */
 __device__ __forceinline__ float lmhead_row_dot(const uint16_t *x, const uint16_t *w, uint32_t h, bool vectors) {
@@ -111,8 +95,8 @@ __device__ __forceinline__ float lmhead_row_dot(const uint16_t *x, const uint16_
             const uint32_t e = base + j * TOVL_DOT_LANES + first;
             xv[j] = wv[j] = uint4{0, 0, 0, 0};
             if (e < h) {
-                xv[j] = lmhead_row_load8(x, e, h, vectors);
-                wv[j] = lmhead_row_load8(w, e, h, vectors);
+                xv[j] = load8_bf16(x, e, h, vectors);
+                wv[j] = load8_bf16(w, e, h, vectors);
             }
         }
         TOVL_UNROLL
