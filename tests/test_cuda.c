@@ -130,8 +130,8 @@ Test(cuda_geometry, rowdiff_and_embed) {
  * + min(max_loras, T), BN = 8 for both tile variants (they differ in occupancy
  * and ring depth). The row variant: a block per (row, 4 overlay rows). */
 static void expect_grid(const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x, uint32_t y, uint32_t z) {
-    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
-    cr_expect(l->variant == variant, "variant %s, expected %s", names[l->variant], names[variant]);
+    cr_expect(l->variant == variant, "variant %s, expected %s", tovl_cuda_variant_names[l->variant],
+              tovl_cuda_variant_names[variant]);
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "grid %u x %u x %u, expected %u x %u x %u",
               l->grid[0], l->grid[1], l->grid[2], x, y, z);
     cr_expect_eq(l->block[0] * l->block[1] * l->block[2], variant == TOVL_CUDA_VARIANT_ROW ? 128 : 256);

@@ -15,6 +15,8 @@ const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VAR
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row"},
     {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row"}};
 
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
+
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
     sizeof(tovl_lmhead_overlay_args)};

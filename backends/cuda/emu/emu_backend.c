@@ -123,9 +123,8 @@ static tovl_status emu_open(const tovl_cuda_device_shape *shape, bool force_lmhe
     c->force_lmhead = force_lmhead;
     c->lmhead_variant = lmhead;
     c->seed = seed;
-    static const char *const variants[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
     snprintf(c->device, sizeof c->device, "CUDA kernels emulated on the host (%u SMs%s%s)", shape->sm_count,
-             force_lmhead ? ", lm_head always " : "", force_lmhead ? variants[lmhead] : "");
+             force_lmhead ? ", lm_head always " : "", force_lmhead ? tovl_cuda_variant_names[lmhead] : "");
     return tovl_backend_create(&emu_iface, c, out);
 }
 
