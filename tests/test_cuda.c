@@ -134,7 +134,8 @@ static void expect_grid(const tovl_cuda_launch *l, tovl_cuda_variant variant, ui
               tovl_cuda_variant_names[variant]);
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "grid %u x %u x %u, expected %u x %u x %u",
               l->grid[0], l->grid[1], l->grid[2], x, y, z);
-    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], variant == TOVL_CUDA_VARIANT_ROW ? 128 : 256);
+    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
+    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256);
 }
 
 static tovl_cuda_launch lmhead_launch_at(tovl_lmhead_overlay_args *a, uint32_t T, uint32_t max_n) {
@@ -154,15 +155,20 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 16, 8, 1); /* 16 x 8 small tiles, one per SM */
     l = lmhead_launch_at(&a, 96, 64);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 20, 8, 1); /* 20 x 8 small tiles would not each get an SM */
-    /* The row variant while all its blocks are resident, 4 to an SM: 33 x 16 <= 528. */
+    /* The row variants while all their blocks are resident, 4 to an SM (528):
+     * row2 (2 overlay rows a block) up to 16 x 32, row (4) up to 33 x 16. */
+    l = lmhead_launch_at(&a, 1, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 1, 32, 1);
+    l = lmhead_launch_at(&a, 16, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 16, 32, 1);
+    l = lmhead_launch_at(&a, 17, 64);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 17, 16, 1);
     l = lmhead_launch_at(&a, 33, 64);
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 33, 16, 1);
     l = lmhead_launch_at(&a, 34, 64);
     expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 13, 8, 1);
-    l = lmhead_launch_at(&a, 1, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 1, 16, 1);
-    l = lmhead_launch_at(&a, 3, 2);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 3, 1, 1);
+    l = lmhead_launch_at(&a, 3, 3);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 3, 2, 1);
     l = lmhead_launch_at(&a, 100000, 64);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 12508, 8, 1);
     l = lmhead_launch_at(&a, 0, 64);
@@ -180,6 +186,8 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     a.max_loras = 8;
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 64, 16, 1);
+    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW2, &a, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 64, 32, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 16, 8, 1);
 }
@@ -241,7 +249,9 @@ static const cuda_scenario gpu_scenarios[] = {
     {"bench_t64", 64, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
-    {"row_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"decode_t32", 32, 4096, 32000, 8, 8, 0, 1, 64, false, false},
+    {"row2_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"row_slots_past_32", 60, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
     {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},
@@ -364,8 +374,8 @@ static void expect_hooks_wait(tovl_backend *be, tovl_backend *cpu, CUfunction sl
     cuda_case_free(&ref);
 }
 
-/* Each lm_head variant: the row variant (T = 8), the small tiles (T = 64)
- * and the large tiles (T = 512) on an H200-sized GPU. */
+/* Each lm_head variant on an H200-sized GPU: row2 (T = 8), row (T = 32), the
+ * small tiles (T = 64) and the large tiles (T = 512). */
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_backend *be = open_cuda_or_skip(), *cpu = NULL;
     const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
@@ -380,7 +390,7 @@ Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     CUfunction slow_copy = NULL;
     CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
     CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
-    const uint32_t sizes[] = {8, 64, 512};
+    const uint32_t sizes[] = {8, 32, 64, 512};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         expect_hooks_wait(be, cpu, slow_copy, stream, sizes[i]);
     }

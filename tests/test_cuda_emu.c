@@ -54,7 +54,7 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
 }
 
 /* Every lm_head variant through the whole suite, whatever the batch would
- * choose (the backend picks the row variant for small batches, the small
+ * choose (the backend picks the row variants for small batches, the small
  * tiles for T up to about 64 and the large tiles beyond: cuda_geometry.c). */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_PLAIN, "cuda_emu_large");
@@ -68,8 +68,12 @@ Test(cuda_emu, conformance_row, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW, "cuda_emu_row");
 }
 
+Test(cuda_emu, conformance_row2, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW2, "cuda_emu_row2");
+}
+
 /* The backend's own choice on an H200's 132 SMs (the suite's small batches
- * take the row variant) and on 1, 5 and 7 SMs (most take the tiles). */
+ * take the row variants) and on 1, 5 and 7 SMs (most take the tiles). */
 Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_h200");
     conform_on(&(tovl_cuda_device_shape){1}, -1, "cuda_emu_1");
@@ -97,18 +101,23 @@ Test(cuda_emu, bench_shape_t64, .timeout = 900) {
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* A decode step of the benchmark's shape, T = 8: the row variant, 8 x 16
- * blocks of a warp per overlay row. */
-Test(cuda_emu, bench_shape_t8, .timeout = 900) {
+/* Decode steps of the benchmark's shape: T = 8 takes row2 (8 x 32 blocks of
+ * two warps per overlay row), T = 32 row (32 x 16 blocks of a warp per row). */
+Test(cuda_emu, bench_shape_t8_t32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"bench_t32", 32, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* The row variant with slots past the first 32 (whose table cells it loads
- * after the row's slot rather than picking them from the early loads), odd h. */
-Test(cuda_emu, row_variant_slots_past_32, .timeout = 900) {
+/* The row variants with slots past the first 32 (whose table cells they load
+ * after the row's slot rather than picking them from the early loads), odd
+ * h: T = 24 takes row2 (24 x 10 blocks), T = 60 row (60 x 5). */
+Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"row_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
+                      &(cuda_scenario){"row2_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"row_many_slots", 60, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* A long batch: 2600 rows, about 65 row groups per slot, so collecting a

@@ -10,12 +10,13 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row"},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row"}};
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
+     "lmhead_overlay_bf16_row2"},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -65,7 +66,7 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
-/* The row variant: a block per (row, ROW_CELLS overlay rows). The tiles: a
+/* The row variants: a block per (row, 4 or 2 overlay rows). The tiles: a
  * block per (group of BM rows of one slot, BN overlay rows). */
 tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
                                    tovl_cuda_launch *out) {
@@ -75,7 +76,8 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    if (variant == TOVL_CUDA_VARIANT_ROW) {
+    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
+    if (row) {
         if (a->T > GRID_X_MAX) {
             return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lm_head row variant over %u rows (at most %u)", a->T,
                               GRID_X_MAX);
@@ -86,7 +88,8 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
          * per slot that has rows; a block finds its group on the device. */
         set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW     ? TOVL_CUDA_LMHEAD_ROW_CELLS
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW2    ? TOVL_CUDA_LMHEAD_ROW2_CELLS
+                             : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
                              : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
                                                                   : TOVL_CUDA_LMHEAD_LARGE_BN;
     /* Beyond CUDA's y limit the blocks loop over columns. */
@@ -94,13 +97,13 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
     return TOVL_OK;
 }
 
-/* Three shapes (launch_shape.h), the first that fits:
- * - row: a block per (row, ROW_CELLS overlay rows), when all of them are
- *   resident at once (ROW_BLOCKS_PER_SM to an SM). It reads each overlay row
- *   once per row rather than once per 8, so it is for small batches: on the
- *   H200 with 8 slots x 64 rows it took 3.4-5.1 us at T = 1-33 where the
- *   small tiles take 7.9, and 9.0 at T = 48 (docs/PERFORMANCE.md, eleventh
- *   session).
+/* Four shapes (launch_shape.h), the first that fits:
+ * - row2, then row: a block per (row, 2 or 4 overlay rows), when all of its
+ *   blocks are resident at once (ROW_BLOCKS_PER_SM to an SM). They read each
+ *   overlay row once per row rather than once per 8, so they are for small
+ *   batches: on the H200 with 8 slots x 64 rows row2 took 2.7-3.7 us at T =
+ *   1-16 and row 5.1 at T = 32, where the small tiles take 7.9 (and row 9.0
+ *   at T = 48; docs/PERFORMANCE.md, eleventh and twelfth sessions).
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Before the ninth session: small whenever ceil(T / BM) full
  *   groups gave fewer large tiles than SMs, which left T = 128 with about 170
@@ -109,8 +112,9 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
-    if (a->T <= GRID_X_MAX) {
-        tovl_status st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW, a, out);
+    static const tovl_cuda_variant rows_first[2] = {TOVL_CUDA_VARIANT_ROW2, TOVL_CUDA_VARIANT_ROW};
+    for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
+        tovl_status st = tovl_cuda_lmhead_shape(rows_first[i], a, out);
         if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM) {
             return st;
         }

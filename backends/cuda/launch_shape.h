@@ -5,10 +5,10 @@
  *
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
- *   lmhead_overlay_*  three variants (cuda_geometry.c chooses):
- *                     row (small batches): a block per (row t, ROW_CELLS
- *                     overlay rows of its slot), grid (T, ceil(max_n /
- *                     ROW_CELLS)); each overlay row is read once per row.
+ *   lmhead_overlay_*  four variants (cuda_geometry.c chooses):
+ *                     row2 and row (small batches): a block per (row t, 2
+ *                     or 4 overlay rows of its slot), grid (T, ceil(max_n /
+ *                     cells)); each overlay row is read once per row.
  *                     small and large tiles: a block per (group of BM rows
  *                     of one slot, BN overlay rows): grid (ceil(T / BM) +
  *                     min(max_loras, T), ceil(max_n / BN) capped at 65535
@@ -29,8 +29,8 @@
  * Bump it when a launch shape or convention changes (6: the kernels wait for
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
- * lm_head row variant). */
-#define TOVL_CUDA_PORT_ABI 8
+ * lm_head row variant; 9: and row2). */
+#define TOVL_CUDA_PORT_ABI 9
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -77,19 +77,27 @@
 #define TOVL_CUDA_LMHEAD_SMALL_MIN_BLOCKS 1
 #endif
 
-/* The "row" variant (lmhead_overlay_bf16_row, lmhead_overlay_f32_row) for
- * small batches: a block per (row t, ROW_CELLS overlay rows of its slot), a
- * warp per cell, grid (T, ceil(max_n / ROW_CELLS) capped at 65535); the host
- * takes it when all those blocks are resident at once, BLOCKS_PER_SM to an SM
- * (its register cap: 128 per thread). ROUNDS_AHEAD: 256-element rounds of
- * each row a thread requests before it uses the first. On the H200 (seed 777,
- * rows of 4096) 8 ahead took 3.9 us at T = 8 against 5.6 for 16 ahead (220
- * registers; docs/PERFORMANCE.md, eleventh session). */
+/* The "row" variants for small batches (lmhead_row.cuh): a block of
+ * ROW_THREADS per (row t, CELLS overlay rows of its slot), grid (T,
+ * ceil(max_n / CELLS) capped at 65535). _row: a warp per cell (4 cells);
+ * _row2: two warps per cell (2 cells), each thread half the lanes. The host
+ * takes the one whose blocks are all resident at once, BLOCKS_PER_SM to an
+ * SM (their register cap: 128 per thread), _row2 first. ROUNDS_AHEAD:
+ * 256-element rounds of both rows a thread requests before it uses the
+ * first, 64 elements of each row in registers either way. On the H200 (seed
+ * 777, rows of 4096): _row 8 ahead 3.9 us at T = 8 against 5.6 for 16 ahead
+ * (220 registers; eleventh session); with one compute path per round, _row
+ * 3.10 us and _row2 3.03 there, 2.96 and 2.66 at T = 1 (docs/PERFORMANCE.md,
+ * twelfth session). */
 #define TOVL_CUDA_LMHEAD_ROW_THREADS 128
-#define TOVL_CUDA_LMHEAD_ROW_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 32)
 #define TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM 4
+#define TOVL_CUDA_LMHEAD_ROW_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 32)
+#define TOVL_CUDA_LMHEAD_ROW2_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 64)
 #ifndef TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD
 #define TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD 8
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD
+#define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16
 #endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

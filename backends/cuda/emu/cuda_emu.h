@@ -37,6 +37,9 @@
 struct emu_dim3 {
     unsigned x, y, z;
 };
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };

@@ -1,28 +1,29 @@
 /*
- * lmhead_overlay_{bf16,f32}_row: the lm_head hook for small batches (decode
- * steps), where the tiles of lmhead_overlay.cuh (8 rows of one slot x 8
- * overlay rows) are mostly empty and every tile costs the same ~8 us on the
+ * lmhead_overlay_{bf16,f32}_row and _row2: the lm_head hook for small batches
+ * (decode steps), where the tiles of lmhead_overlay.cuh (8 rows of one slot x
+ * 8 overlay rows) are mostly empty and every tile costs the same ~8 us on the
  * H200 however few rows it holds. Same contract and same bits:
  *     logits[t * ld + id] = dot(hidden[t, :], rows[s][k, :])
  * for row t with slot s valid, k < n[s] (and < max_n), id = ids[s][k] < vocab.
  *
- * Work. Block (t, y) takes row t and overlay rows y * ROW_CELLS .. + ROW_CELLS
- * of its slot (beyond CUDA's y limit also y + gridDim.y, ...): no tile to
- * pick, no rows to collect. Warp w computes one cell, overlay row k = y *
- * ROW_CELLS + w. Each overlay row is read once per row t rather than once per
- * 8 rows, which is why this wins only while the batch is small (the host's
- * choice, cuda_geometry.c).
+ * Work. Block (t, y) takes row t and overlay rows y * CELLS .. + CELLS of its
+ * slot (beyond CUDA's y limit also y + gridDim.y, ...): no tile to pick, no
+ * rows to collect. W warps compute one cell (W = 1: _row, 4 cells a block;
+ * W = 2: _row2, 2 cells a block, each thread half the lanes, so a cell's
+ * loads are in flight in half the round trips). Each overlay row is read
+ * once per row t rather than once per 8, which is why these win only while
+ * the batch is small (the host's choice, cuda_geometry.c).
  *
- * The dot order. Thread p of a warp holds the spec's lanes 8p .. 8p + 7 of its
- * cell: for each 256-element round j it loads elements 256 j + 8p .. + 7 of
- * the hidden row and of the overlay row as one 16-byte vector each, so each
- * lane's sum runs over increasing i. Products and sums are __fmul_rn /
- * __fadd_rn, never fused. Elements past h are skipped, not multiplied by zero.
- * The tree: strides 128 .. 8 pair thread p with p + 16, 8, 4, 2, 1 (shuffles,
- * the lower lane's value first), strides 4, 2, 1 then run in thread 0's eight
- * lanes. All of a thread's vectors are requested before the first is used,
- * ROUNDS_AHEAD rounds at a time, so a cell costs about one memory round trip
- * per ROUNDS_AHEAD * 256 elements.
+ * The dot order. Thread p of warp u (0 <= u < W) of a cell holds the spec's
+ * lanes 256 u / W + L p .. + L - 1, L = 8 / W: for each 256-element round j
+ * it loads those lanes' elements of the hidden row and of the overlay row as
+ * one vector each (16 or 8 bytes), so each lane's sum runs over increasing
+ * i. Products and sums are __fmul_rn / __fadd_rn, never fused. Elements past
+ * h are skipped, not multiplied by zero. The tree: with W = 2, stride 128
+ * pairs the two warps through shared memory (the lower warp's value first);
+ * then shuffles pair thread p with p + 16, 8, 4, 2, 1 (strides 16 L .. L),
+ * and the strides below L run in thread 0's own lanes. A thread requests
+ * ROUNDS_AHEAD rounds of both rows before it uses the first.
  */
 #ifndef TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH
 #define TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH
@@ -31,45 +32,106 @@
 
 namespace tovl_cuda {
 
-struct LmheadRow {
+template <uint32_t W_, uint32_t CELLS_, uint32_t AHEAD_>
+struct LmheadRowConfig {
+    static constexpr uint32_t W = W_;                   /* warps per cell */
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_ROW_THREADS;
-    static constexpr uint32_t CELLS = THREADS / WARP; /* overlay rows per block: a warp each */
-    static constexpr uint32_t LANES_PER_THREAD = 8;   /* one 16-byte vector of bf16 */
-    static constexpr uint32_t ROUNDS_AHEAD = TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD;
-    static_assert(CELLS == TOVL_CUDA_LMHEAD_ROW_CELLS, "a warp per overlay row");
-    static_assert(WARP * LANES_PER_THREAD == TOVL_DOT_LANES, "a warp holds the 256 lanes of one cell");
+    static constexpr uint32_t CELLS = THREADS / (WARP * W); /* overlay rows per block */
+    static constexpr uint32_t LANES = TOVL_DOT_LANES / (WARP * W); /* per thread: one vector of bf16 */
+    static constexpr uint32_t ROUNDS_AHEAD = AHEAD_;
+    static_assert(CELLS == CELLS_, "the block's cells as launch_shape.h says");
+    static_assert(W == 1 || W == 2, "one warp per cell, or two through shared memory");
+    static_assert(LANES == 8 || LANES == 4, "16- or 8-byte vectors");
 };
+using LmheadRow = LmheadRowConfig<1, TOVL_CUDA_LMHEAD_ROW_CELLS, TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD>;
+using LmheadRow2 = LmheadRowConfig<2, TOVL_CUDA_LMHEAD_ROW2_CELLS, TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD>;
 
-/* Lanes 8p + i of one round: the products of the elements of the two vectors
- * (the first `valid` of them exist), added to the lanes' sums. */
-template <bool PARTIAL>
-__device__ __forceinline__ void lmhead_row_round(float (&acc)[LmheadRow::LANES_PER_THREAD], uint4 xv, uint4 wv,
-                                                 uint32_t valid) {
-    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+/* L bf16 elements from e of a row as 32-bit pair words (0 past h; those are
+ * never used): one 16- or 8-byte load where the row allows it. */
+template <uint32_t L>
+struct RowVector {
+    uint32_t word[L / 2];
+};
+template <uint32_t L>
+__device__ __forceinline__ RowVector<L> row_load(const uint16_t *row, uint32_t e, uint32_t h, bool vectors) {
+    RowVector<L> v;
+    if constexpr (L == 8) {
+        const uint4 q = load8_bf16(row, e, h, vectors);
+        v.word[0] = q.x, v.word[1] = q.y, v.word[2] = q.z, v.word[3] = q.w;
+    } else {
+        if (vectors && e + 4 <= h) {
+            const uint2 d = ldg(reinterpret_cast<const uint2 *>(row + e));
+            v.word[0] = d.x, v.word[1] = d.y;
+        } else {
+            v.word[0] = v.word[1] = 0;
+            TOVL_UNROLL
+            for (uint32_t i = 0; i < 4; i++) {
+                if (e + i < h) {
+                    v.word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
+                }
+            }
+        }
+    }
+    return v;
+}
+
+/* This thread's lanes of one round, its first element at e: the products
+ * of the two vectors' elements that lie within h, added to the lanes' sums.
+ * One path with a check per element rather than a whole-round and a partial
+ * path: with the two, ptxas issued the loads later (119 registers against
+ * 127) and _row2 took 3.36 us at T = 1 on the H200 instead of 2.68. */
+template <uint32_t L>
+__device__ __forceinline__ void lmhead_row_round(float (&acc)[L], const RowVector<L> &xv, const RowVector<L> &wv,
+                                                 uint32_t e, uint32_t h) {
     TOVL_UNROLL
-    for (uint32_t i = 0; i < LmheadRow::LANES_PER_THREAD; i++) {
-        if (!PARTIAL || i < valid) {
-            const float x = i % 2 ? pair_hi(xw[i / 2]) : pair_lo(xw[i / 2]);
-            const float w = i % 2 ? pair_hi(ww[i / 2]) : pair_lo(ww[i / 2]);
+    for (uint32_t i = 0; i < L; i++) {
+        if (e + i < h) {
+            const float x = i % 2 ? pair_hi(xv.word[i / 2]) : pair_lo(xv.word[i / 2]);
+            const float w = i % 2 ? pair_hi(wv.word[i / 2]) : pair_lo(wv.word[i / 2]);
             acc[i] = __fadd_rn(acc[i], __fmul_rn(x, w));
         }
     }
 }
 
-/* The spec's tree over the warp's 256 lanes; the result in lane 0. */
-__device__ __forceinline__ float lmhead_row_tree(float (&acc)[LmheadRow::LANES_PER_THREAD]) {
-    /* Strides 128, 64, 32, 16, 8: thread p (lanes 8p ..) takes thread p + d's
-     * lanes (8 (p + d) ..), d = 16 .. 1; only threads p < d keep the sum. */
+/* This thread's lanes' sums over row x times overlay row w (first: its first
+ * lane). Every lane of the warp calls it. */
+template <class C>
+__device__ __forceinline__ void lmhead_row_sums(float (&acc)[C::LANES], const uint16_t *x, const uint16_t *w,
+                                                uint32_t h, bool vectors, uint32_t first) {
+    constexpr uint32_t AHEAD = C::ROUNDS_AHEAD, L = C::LANES;
+    for (uint32_t base = 0; base < h; base += AHEAD * TOVL_DOT_LANES) {
+        RowVector<L> xv[AHEAD], wv[AHEAD];
+        TOVL_UNROLL
+        for (uint32_t j = 0; j < AHEAD; j++) {
+            const uint32_t e = base + j * TOVL_DOT_LANES + first;
+            if (e < h) {
+                xv[j] = row_load<L>(x, e, h, vectors);
+                wv[j] = row_load<L>(w, e, h, vectors);
+            } else {
+                xv[j] = wv[j] = RowVector<L>{};
+            }
+        }
+        TOVL_UNROLL
+        for (uint32_t j = 0; j < AHEAD; j++) {
+            lmhead_row_round<L>(acc, xv[j], wv[j], base + j * TOVL_DOT_LANES + first, h);
+        }
+    }
+}
+
+/* The warp's part of the tree: its lanes (thread p: the L from L p) reduced
+ * by shuffles (strides 16 L .. L, the lower lane's value first), then in
+ * thread 0 (strides L / 2 .. 1); the result in lane 0. */
+template <uint32_t L>
+__device__ __forceinline__ float lmhead_row_tree(float (&acc)[L]) {
     TOVL_UNROLL
     for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
         TOVL_UNROLL
-        for (uint32_t i = 0; i < LmheadRow::LANES_PER_THREAD; i++) {
+        for (uint32_t i = 0; i < L; i++) {
             acc[i] = __fadd_rn(acc[i], __shfl_down_sync(FULL_MASK, acc[i], d));
         }
     }
-    /* Strides 4, 2, 1 among thread 0's own lanes. */
     TOVL_UNROLL
-    for (uint32_t stride = LmheadRow::LANES_PER_THREAD / 2; stride >= 1; stride /= 2) {
+    for (uint32_t stride = L / 2; stride >= 1; stride /= 2) {
         TOVL_UNROLL
         for (uint32_t i = 0; i < stride; i++) {
             acc[i] = __fadd_rn(acc[i], acc[i + stride]);
@@ -78,43 +140,12 @@ __device__ __forceinline__ float lmhead_row_tree(float (&acc)[LmheadRow::LANES_P
     return acc[0];
 }
 
-/* One cell: row x of the hidden states times overlay row w; the result in
- * lane 0. Every lane of the warp calls it. */
-__device__ __forceinline__ float lmhead_row_dot(const uint16_t *x, const uint16_t *w, uint32_t h, bool vectors) {
-    constexpr uint32_t AHEAD = LmheadRow::ROUNDS_AHEAD;
-    const uint32_t first = LmheadRow::LANES_PER_THREAD * lane_id(); /* this thread's lanes */
-    float acc[LmheadRow::LANES_PER_THREAD];
-    TOVL_UNROLL
-    for (uint32_t i = 0; i < LmheadRow::LANES_PER_THREAD; i++) {
-        acc[i] = 0.0f;
-    }
-    for (uint32_t base = 0; base < h; base += AHEAD * TOVL_DOT_LANES) {
-        uint4 xv[AHEAD], wv[AHEAD];
-        TOVL_UNROLL
-        for (uint32_t j = 0; j < AHEAD; j++) {
-            const uint32_t e = base + j * TOVL_DOT_LANES + first;
-            xv[j] = wv[j] = uint4{0, 0, 0, 0};
-            if (e < h) {
-                xv[j] = load8_bf16(x, e, h, vectors);
-                wv[j] = load8_bf16(w, e, h, vectors);
-            }
-        }
-        TOVL_UNROLL
-        for (uint32_t j = 0; j < AHEAD; j++) {
-            const uint32_t e = base + j * TOVL_DOT_LANES + first;
-            if (e + LmheadRow::LANES_PER_THREAD <= h) {
-                lmhead_row_round<false>(acc, xv[j], wv[j], LmheadRow::LANES_PER_THREAD);
-            } else if (e < h) {
-                lmhead_row_round<true>(acc, xv[j], wv[j], h - e);
-            }
-        }
-    }
-    return lmhead_row_tree(acc);
-}
-
-template <bool F32_LOGITS>
+template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
+    /* W = 2: the upper warp's lane sums, for stride 128 (a dummy otherwise). */
+    __shared__ float upper[C::W == 2 ? C::CELLS : 1][C::W == 2 ? TOVL_DOT_LANES / 2 : 1];
     const uint32_t t = blockIdx.x, warp = threadIdx.x / WARP, lane = lane_id();
+    const uint32_t cell = warp / C::W, half = warp % C::W;
     /* The set's table cells of the first 32 slots, lane i slot i: requested
      * before the wait (no kernel writes them), picked by shuffle after it. */
     uint32_t lane_n = 0;
@@ -150,30 +181,64 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
     const uint32_t h = a.h;
     const uint16_t *x = ptr<const uint16_t>(a.hidden) + (size_t)t * h;
     const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    /* Beyond CUDA's y limit a block also does y + gridDim.y, ... */
-    for (uint32_t k = blockIdx.y * LmheadRow::CELLS + warp; k < n; k += gridDim.y * LmheadRow::CELLS) {
-        const uint32_t id = ldg(ids + k); /* in flight with the cell's loads */
-        const float v = lmhead_row_dot(x, rows + (size_t)k * h, h, vectors);
-        if (lane == 0 && id < a.vocab) {
-            const size_t cell_at = (size_t)t * a.ld + id;
-            if (F32_LOGITS) {
-                ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v);
-            } else {
-                ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v);
+    const uint32_t first = half * (TOVL_DOT_LANES / C::W) + C::LANES * lane; /* this thread's first lane */
+    /* Block-uniform: with W = 2 every warp reaches each barrier below. */
+    for (uint32_t k0 = blockIdx.y * C::CELLS; k0 < n; k0 += gridDim.y * C::CELLS) {
+        const uint32_t k = k0 + cell;
+        float acc[C::LANES];
+        TOVL_UNROLL
+        for (uint32_t i = 0; i < C::LANES; i++) {
+            acc[i] = 0.0f;
+        }
+        uint32_t id = UINT32_MAX;
+        if (k < n) {
+            id = ldg(ids + k); /* in flight with the cell's loads */
+            lmhead_row_sums<C>(acc, x, rows + (size_t)k * h, h, vectors, first);
+        }
+        if constexpr (C::W == 2) {
+            /* Stride 128: lane l (lower warp) + lane l + 128 (upper warp). */
+            if (half == 1) {
+                TOVL_UNROLL
+                for (uint32_t i = 0; i < C::LANES; i++) {
+                    upper[cell][C::LANES * lane + i] = acc[i];
+                }
             }
+            __syncthreads();
+            if (half == 0) {
+                TOVL_UNROLL
+                for (uint32_t i = 0; i < C::LANES; i++) {
+                    acc[i] = __fadd_rn(acc[i], upper[cell][C::LANES * lane + i]);
+                }
+            }
+        }
+        if (half == 0 && k < n) {
+            const float v = lmhead_row_tree<C::LANES>(acc);
+            if (lane == 0 && id < a.vocab) {
+                const size_t cell_at = (size_t)t * a.ld + id;
+                if (F32_LOGITS) {
+                    ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v);
+                } else {
+                    ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v);
+                }
+            }
+        }
+        if constexpr (C::W == 2) {
+            __syncthreads(); /* `upper` is read before the next cells write it */
         }
     }
 }
 
 } // namespace tovl_cuda
 
-#define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, f32)                                                      \
-    TOVL_CUDA_KERNEL void __launch_bounds__(tovl_cuda::LmheadRow::THREADS, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM)      \
-        name(tovl_lmhead_overlay_args args) {                                                      \
-        tovl_cuda::lmhead_overlay_row<f32>(args);                                                  \
+#define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, config, f32)                                                      \
+    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM)             \
+        name(tovl_lmhead_overlay_args args) {                                                              \
+        tovl_cuda::lmhead_overlay_row<config, f32>(args);                                                  \
     }
 
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row, false)
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row, tovl_cuda::LmheadRow, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row, tovl_cuda::LmheadRow, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row2, tovl_cuda::LmheadRow2, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, tovl_cuda::LmheadRow2, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */
