@@ -10,14 +10,13 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_group"},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_group"}};
+     "lmhead_overlay_bf16_row2"},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2", "row groups"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -75,16 +74,6 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
     out->variant = variant;
     if (a->T == 0 || a->max_n == 0 || a->max_loras == 0) {
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
-        return TOVL_OK;
-    }
-    if (variant == TOVL_CUDA_VARIANT_GROUP) {
-        if (a->T > TOVL_CUDA_LMHEAD_GROUP_MAX_T || a->max_loras > TOVL_CUDA_LMHEAD_GROUP_MAX_SLOTS) {
-            return tovl_error(TOVL_ERR_UNSUPPORTED,
-                              "cuda: lm_head row-group variant over %u rows and %u slots (at most %u and %u)", a->T,
-                              a->max_loras, TOVL_CUDA_LMHEAD_GROUP_MAX_T, TOVL_CUDA_LMHEAD_GROUP_MAX_SLOTS);
-        }
-        set_dims(out, ceil_div(a->max_n, TOVL_CUDA_LMHEAD_GROUP_CELLS), TOVL_CUDA_LMHEAD_GROUP_THREADS);
-        out->grid[1] = min_u32(a->max_loras, a->T);
         return TOVL_OK;
     }
     const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;

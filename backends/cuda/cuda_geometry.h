@@ -27,13 +27,12 @@ typedef enum tovl_cuda_kernel_id {
 extern const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT];
 
 /* This port's launch-shape variants of a kernel (launch_shape.h). Every
- * kernel has the plain one, under its spec name; lm_head also has four more. */
+ * kernel has the plain one, under its spec name; lm_head also has three more. */
 typedef enum tovl_cuda_variant {
     TOVL_CUDA_VARIANT_PLAIN = 0, /* lm_head: large tiles, two blocks per SM */
     TOVL_CUDA_VARIANT_SMALL,     /* lm_head: small tiles, a block per SM */
     TOVL_CUDA_VARIANT_ROW,       /* lm_head: a block per row and 4 overlay rows, a warp each */
     TOVL_CUDA_VARIANT_ROW2,      /* lm_head: a block per row and 2 overlay rows, two warps each */
-    TOVL_CUDA_VARIANT_GROUP,      /* lm_head: a block per slot and 4 overlay rows, its rows 4 at a time */
     TOVL_CUDA_VARIANT_COUNT
 } tovl_cuda_variant;
 

@@ -100,26 +100,4 @@
 #define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16
 #endif
 
-/* The "group" variant for batches between the row variants and the tiles
- * (lmhead_group.cuh): a block of GROUP_THREADS per (slot with rows, GROUP_CELLS
- * overlay rows), grid (ceil(max_n / GROUP_CELLS), min(max_loras, T)); each
- * warp one overlay row against groups of GROUP_ROWS of the slot's rows. Every
- * warp reads all T row slots itself, so T <= GROUP_MAX_T and max_loras <=
- * GROUP_MAX_SLOTS. */
-#ifndef TOVL_CUDA_LMHEAD_GROUP_THREADS
-#define TOVL_CUDA_LMHEAD_GROUP_THREADS 256
-#endif
-#define TOVL_CUDA_LMHEAD_GROUP_CELLS 4
-#ifndef TOVL_CUDA_LMHEAD_GROUP_ROWS
-#define TOVL_CUDA_LMHEAD_GROUP_ROWS 4
-#endif
-#ifndef TOVL_CUDA_LMHEAD_GROUP_ROUNDS_AHEAD
-#define TOVL_CUDA_LMHEAD_GROUP_ROUNDS_AHEAD 4
-#endif
-#ifndef TOVL_CUDA_LMHEAD_GROUP_BLOCKS_PER_SM
-#define TOVL_CUDA_LMHEAD_GROUP_BLOCKS_PER_SM 1
-#endif
-#define TOVL_CUDA_LMHEAD_GROUP_MAX_T 256
-#define TOVL_CUDA_LMHEAD_GROUP_MAX_SLOTS 32
-
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -26,8 +26,6 @@ static const struct {
     TOVL_EMU_THUNK(lmhead_overlay_f32_row, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_bf16_row2, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_f32_row2, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_bf16_group, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_f32_group, tovl_lmhead_overlay_args),
 };
 
 KernelThunk find_kernel(const char *name) {
