@@ -129,14 +129,16 @@ Test(cuda_geometry, rowdiff_and_embed) {
 /* The tiles: a block per (8 rows of a slot, BN overlay rows), x = ceil(T / 8)
  * + min(max_loras, T), BN = 8 for both tile variants (they differ in occupancy
  * and ring depth). The row variant: a block per (row, 4 overlay rows). */
-static void expect_grid(const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x, uint32_t y, uint32_t z) {
-    cr_expect(l->variant == variant, "variant %s, expected %s", tovl_cuda_variant_names[l->variant],
+static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x,
+                           uint32_t y, uint32_t z) {
+    cr_expect(l->variant == variant, "%s: variant %s, expected %s", what, tovl_cuda_variant_names[l->variant],
               tovl_cuda_variant_names[variant]);
-    cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "grid %u x %u x %u, expected %u x %u x %u",
-              l->grid[0], l->grid[1], l->grid[2], x, y, z);
+    cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "%s: grid %u x %u x %u, expected %u x %u x %u",
+              what, l->grid[0], l->grid[1], l->grid[2], x, y, z);
     const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
-    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256);
+    cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256, "%s: block size", what);
 }
+#define expect_grid(l, variant, x, y, z) expect_grid_of(#variant, l, variant, x, y, z)
 
 static tovl_cuda_launch lmhead_launch_at(tovl_lmhead_overlay_args *a, uint32_t T, uint32_t max_n) {
     tovl_cuda_launch l;
@@ -147,30 +149,36 @@ static tovl_cuda_launch lmhead_launch_at(tovl_lmhead_overlay_args *a, uint32_t T
     return l;
 }
 
-Test(cuda_geometry, lmhead_variant_and_blocks) {
-    tovl_lmhead_overlay_args a = {.h = 4096, .max_loras = 8};
-    tovl_cuda_launch l = lmhead_launch_at(&a, 512, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 72, 8, 1); /* fills 132 SMs with large tiles */
-    l = lmhead_launch_at(&a, 64, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 16, 8, 1); /* 16 x 8 small tiles, one per SM */
-    l = lmhead_launch_at(&a, 96, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 20, 8, 1); /* 20 x 8 small tiles would not each get an SM */
+/* The backend's choice for the bench shape (8 slots, h = 4096) on an H200's
+ * 132 SMs, and the grid it gives. */
+static const struct {
+    uint32_t T, max_n;
+    tovl_cuda_variant variant;
+    uint32_t grid[3];
+    const char *why;
+} lmhead_choices[] = {
+    {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
+    {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
+    {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
     /* The row variants while all their blocks are resident, 4 to an SM (528):
      * row2 (2 overlay rows a block) up to 16 x 32, row (4) up to 33 x 16. */
-    l = lmhead_launch_at(&a, 1, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 1, 32, 1);
-    l = lmhead_launch_at(&a, 16, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 16, 32, 1);
-    l = lmhead_launch_at(&a, 17, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 17, 16, 1);
-    l = lmhead_launch_at(&a, 33, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 33, 16, 1);
-    l = lmhead_launch_at(&a, 34, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_SMALL, 13, 8, 1);
-    l = lmhead_launch_at(&a, 3, 3);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 3, 2, 1);
-    l = lmhead_launch_at(&a, 100000, 64);
-    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 12508, 8, 1);
+    {1, 64, TOVL_CUDA_VARIANT_ROW2, {1, 32, 1}, "a decode step"},
+    {16, 64, TOVL_CUDA_VARIANT_ROW2, {16, 32, 1}, "row2's last size"},
+    {17, 64, TOVL_CUDA_VARIANT_ROW, {17, 16, 1}, "row's first size"},
+    {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row's last size"},
+    {34, 64, TOVL_CUDA_VARIANT_SMALL, {13, 8, 1}, "past the row variants"},
+    {3, 3, TOVL_CUDA_VARIANT_ROW2, {3, 2, 1}, "3 overlay rows: 2 columns of row2"},
+    {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
+};
+
+Test(cuda_geometry, lmhead_variant_and_blocks) {
+    tovl_lmhead_overlay_args a = {.h = 4096, .max_loras = 8};
+    tovl_cuda_launch l;
+    for (size_t i = 0; i < sizeof lmhead_choices / sizeof lmhead_choices[0]; i++) {
+        l = lmhead_launch_at(&a, lmhead_choices[i].T, lmhead_choices[i].max_n);
+        expect_grid_of(lmhead_choices[i].why, &l, lmhead_choices[i].variant, lmhead_choices[i].grid[0],
+                       lmhead_choices[i].grid[1], lmhead_choices[i].grid[2]);
+    }
     l = lmhead_launch_at(&a, 0, 64);
     cr_expect_eq(l.grid[0], 0, "nothing to launch");
     a.max_loras = 0;
