@@ -351,7 +351,7 @@ tovl_status tovl_safetensors_open_memory(const void *bytes, size_t size, const c
     if (!bytes && size) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_safetensors_open_memory: bytes is NULL");
     }
-    tovl_safetensors *f;
+    tovl_safetensors *f = NULL; /* set by st_new on success; gcc -O2 cannot see that */
     tovl_status st = st_new(name, &f);
     if (st != TOVL_OK) {
         return st;
@@ -378,7 +378,7 @@ tovl_status tovl_safetensors_open(const char *path, tovl_safetensors **out) {
         close(fd);
         return tovl_error(TOVL_ERR_IO, "%s: not a regular file", path);
     }
-    tovl_safetensors *f;
+    tovl_safetensors *f = NULL; /* set by st_new on success; gcc -O2 cannot see that */
     tovl_status st = st_new(path, &f);
     if (st != TOVL_OK) {
         close(fd);
