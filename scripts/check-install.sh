@@ -7,7 +7,9 @@
 #
 # Usage: scripts/check-install.sh [BUILD_DIR]
 #   BUILD_DIR   an already configured build tree to build and install
-#               (default: a fresh one under the temporary directory)
+#               (default: a fresh Release build, without tests, under the
+#               temporary directory: what a packager builds, and the only
+#               -O3 build of the host code that `make test` makes)
 # Env: TOVL_CONSUMER_BACKENDS  backends the consumers run on (default "cpu auto")
 #      KEEP=1                  keep the temporary directory
 set -euo pipefail
@@ -25,7 +27,7 @@ build=${1:-}
 if [ -z "$build" ]; then
   build=$work/build
   step "configuring a fresh build in $build"
-  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_TESTS=OFF >"$work/configure.log" 2>&1 \
+  cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTOVL_BUILD_TESTS=OFF >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log"; die "configure"; }
 fi
 [ -f "$build/CMakeCache.txt" ] || die "$build is not a configured build tree"
