@@ -160,13 +160,15 @@ static const struct {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
     {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    /* The row variants while all their blocks are resident, 4 to an SM (528):
-     * row2 (2 overlay rows a block) up to 16 x 32, row (4) up to 33 x 16. */
+    /* The row variants while all their blocks are resident: row2 (2 overlay
+     * rows a block) 4 to an SM (528), up to 16 x 32; row (4) 6 to an SM
+     * (792), up to 49 x 16. */
     {1, 64, TOVL_CUDA_VARIANT_ROW2, {1, 32, 1}, "a decode step"},
     {16, 64, TOVL_CUDA_VARIANT_ROW2, {16, 32, 1}, "row2's last size"},
     {17, 64, TOVL_CUDA_VARIANT_ROW, {17, 16, 1}, "row's first size"},
-    {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row's last size"},
-    {34, 64, TOVL_CUDA_VARIANT_SMALL, {13, 8, 1}, "past the row variants"},
+    {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row at 4 blocks per SM would end here"},
+    {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
+    {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
     {3, 3, TOVL_CUDA_VARIANT_ROW2, {3, 2, 1}, "3 overlay rows: 2 columns of row2"},
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
 };

@@ -99,11 +99,11 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 
 /* Four shapes (launch_shape.h), the first that fits:
  * - row2, then row: a block per (row, 2 or 4 overlay rows), when all of its
- *   blocks are resident at once (ROW_BLOCKS_PER_SM to an SM). They read each
- *   overlay row once per row rather than once per 8, so they are for small
- *   batches: on the H200 with 8 slots x 64 rows row2 took 2.7-3.7 us at T =
- *   1-16 and row 5.1 at T = 32, where the small tiles take 7.9 (and row 9.0
- *   at T = 48; docs/PERFORMANCE.md, eleventh and twelfth sessions).
+ *   blocks are resident at once (4 or 6 to an SM). They read each overlay row
+ *   once per row rather than once per 8, so they are for small batches: on
+ *   the H200 with 8 slots x 64 rows row2 took 2.7-3.7 us at T = 1-16 and row
+ *   5.2 at T = 32 and 6.8 at T = 48, where the small tiles take 7.9 (and row
+ *   8.8-9.3 at T = 64; docs/PERFORMANCE.md, eleventh and twelfth sessions).
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Before the ninth session: small whenever ceil(T / BM) full
  *   groups gave fewer large tiles than SMs, which left T = 128 with about 170
@@ -112,10 +112,14 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
-    static const tovl_cuda_variant rows_first[2] = {TOVL_CUDA_VARIANT_ROW2, TOVL_CUDA_VARIANT_ROW};
+    static const struct {
+        tovl_cuda_variant variant;
+        uint32_t blocks_per_sm;
+    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW2, TOVL_CUDA_LMHEAD_ROW2_BLOCKS_PER_SM},
+                       {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM}};
     for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
-        tovl_status st = tovl_cuda_lmhead_shape(rows_first[i], a, out);
-        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM) {
+        tovl_status st = tovl_cuda_lmhead_shape(rows_first[i].variant, a, out);
+        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm) {
             return st;
         }
     }

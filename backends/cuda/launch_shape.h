@@ -29,8 +29,8 @@
  * Bump it when a launch shape or convention changes (6: the kernels wait for
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
- * lm_head row variant; 9: and row2). */
-#define TOVL_CUDA_PORT_ABI 9
+ * lm_head row variant; 9: and row2; 10: row resident 6 to an SM). */
+#define TOVL_CUDA_PORT_ABI 10
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -81,20 +81,26 @@
  * ROW_THREADS per (row t, CELLS overlay rows of its slot), grid (T,
  * ceil(max_n / CELLS) capped at 65535). _row: a warp per cell (4 cells);
  * _row2: two warps per cell (2 cells), each thread half the lanes. The host
- * takes the one whose blocks are all resident at once, BLOCKS_PER_SM to an
- * SM (their register cap: 128 per thread), _row2 first. ROUNDS_AHEAD:
+ * takes the one whose blocks are all resident at once, _row2 first:
+ * BLOCKS_PER_SM to an SM, which is also each one's register cap (65536 /
+ * (128 x BLOCKS_PER_SM) per thread: _row 85, _row2 128). ROUNDS_AHEAD:
  * 256-element rounds of both rows a thread requests before it uses the
- * first, 64 elements of each row in registers either way. On the H200 (seed
- * 777, rows of 4096): _row 8 ahead 3.9 us at T = 8 against 5.6 for 16 ahead
- * (220 registers; eleventh session); with one compute path per round, _row
- * 3.10 us and _row2 3.03 there, 2.96 and 2.66 at T = 1 (docs/PERFORMANCE.md,
- * twelfth session). */
+ * first. On the H200 (seed 777, rows of 4096; docs/PERFORMANCE.md, eleventh
+ * and twelfth sessions): _row2, all 16 rounds of h = 4096 ahead, 2.66 us at
+ * T = 1, 3.03 at T = 8; _row at 4 blocks per SM and 8 ahead 3.10 at T = 8
+ * and 5.16 at T = 32, but it ends at T = 33, after which the small tiles
+ * take 7.9; at 6 per SM and 4 ahead (80 registers) 5.19 at T = 32 and 6.77
+ * at T = 48, so it reaches T = 49 (at 8 per SM: 7.09 at T = 48, 8.84 at
+ * 64, against 7.9 for the small tiles; 16 ahead took 220 registers). */
 #define TOVL_CUDA_LMHEAD_ROW_THREADS 128
-#define TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM 4
+#ifndef TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM 6
+#endif
+#define TOVL_CUDA_LMHEAD_ROW2_BLOCKS_PER_SM 4
 #define TOVL_CUDA_LMHEAD_ROW_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 32)
 #define TOVL_CUDA_LMHEAD_ROW2_CELLS (TOVL_CUDA_LMHEAD_ROW_THREADS / 64)
 #ifndef TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD
-#define TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD 8
+#define TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD 4
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD
 #define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16

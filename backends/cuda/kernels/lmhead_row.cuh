@@ -32,19 +32,22 @@
 
 namespace tovl_cuda {
 
-template <uint32_t W_, uint32_t CELLS_, uint32_t AHEAD_>
+template <uint32_t W_, uint32_t CELLS_, uint32_t AHEAD_, uint32_t BLOCKS_PER_SM_>
 struct LmheadRowConfig {
     static constexpr uint32_t W = W_;                   /* warps per cell */
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_ROW_THREADS;
     static constexpr uint32_t CELLS = THREADS / (WARP * W); /* overlay rows per block */
     static constexpr uint32_t LANES = TOVL_DOT_LANES / (WARP * W); /* per thread: one vector of bf16 */
     static constexpr uint32_t ROUNDS_AHEAD = AHEAD_;
+    static constexpr uint32_t BLOCKS_PER_SM = BLOCKS_PER_SM_; /* resident at once: the register cap */
     static_assert(CELLS == CELLS_, "the block's cells as launch_shape.h says");
     static_assert(W == 1 || W == 2, "one warp per cell, or two through shared memory");
     static_assert(LANES == 8 || LANES == 4, "16- or 8-byte vectors");
 };
-using LmheadRow = LmheadRowConfig<1, TOVL_CUDA_LMHEAD_ROW_CELLS, TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD>;
-using LmheadRow2 = LmheadRowConfig<2, TOVL_CUDA_LMHEAD_ROW2_CELLS, TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD>;
+using LmheadRow = LmheadRowConfig<1, TOVL_CUDA_LMHEAD_ROW_CELLS, TOVL_CUDA_LMHEAD_ROW_ROUNDS_AHEAD,
+                                  TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM>;
+using LmheadRow2 = LmheadRowConfig<2, TOVL_CUDA_LMHEAD_ROW2_CELLS, TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD,
+                                   TOVL_CUDA_LMHEAD_ROW2_BLOCKS_PER_SM>;
 
 /* L bf16 elements from e of a row as 32-bit pair words (0 past h; those are
  * never used): one 16- or 8-byte load where the row allows it. */
@@ -231,7 +234,7 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
 } // namespace tovl_cuda
 
 #define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, config, f32)                                                      \
-    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM)             \
+    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::BLOCKS_PER_SM)                           \
         name(tovl_lmhead_overlay_args args) {                                                              \
         tovl_cuda::lmhead_overlay_row<config, f32>(args);                                                  \
     }
