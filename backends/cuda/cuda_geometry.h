@@ -39,7 +39,7 @@ typedef enum tovl_cuda_variant {
 /* The function of kernel k's variant v in this port's module; NULL where the
  * kernel has no such variant. [k][TOVL_CUDA_VARIANT_PLAIN] is the spec name. */
 extern const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT];
-/* The variants in words, for messages: "large tiles", "small tiles", "row". */
+/* The variants in words, for messages: "large tiles", "small tiles", "row", "row2". */
 extern const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT];
 extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
 

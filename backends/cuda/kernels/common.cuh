@@ -107,6 +107,23 @@ __device__ __forceinline__ uint4 load16(const void *p) {
     return ldg(reinterpret_cast<const uint4 *>(p));
 }
 
+/* The N elements from e of a bf16 row one by one, as N / 2 pair words (0
+ * past h): the path of the vector loads below where a vector does not fit. */
+template <uint32_t N>
+__device__ __forceinline__ void load_bf16_elements(const uint16_t *row, uint32_t e, uint32_t h,
+                                                   uint32_t (&word)[N / 2]) {
+    TOVL_UNROLL
+    for (uint32_t i = 0; i < N / 2; i++) {
+        word[i] = 0;
+    }
+    TOVL_UNROLL
+    for (uint32_t i = 0; i < N; i++) {
+        if (e + i < h) {
+            word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
+        }
+    }
+}
+
 /* The 8 elements from e of a bf16 row (0 past h), as a 16-byte vector: one
  * load when `vectors` (the row 16-byte aligned, h a multiple of 8) and the 8
  * lie within h, else element by element. */
@@ -114,13 +131,8 @@ __device__ __forceinline__ uint4 load8_bf16(const uint16_t *row, uint32_t e, uin
     if (vectors && e + 8 <= h) {
         return load16(row + e);
     }
-    uint32_t word[4] = {0, 0, 0, 0};
-    TOVL_UNROLL
-    for (uint32_t i = 0; i < 8; i++) {
-        if (e + i < h) {
-            word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
-        }
-    }
+    uint32_t word[4];
+    load_bf16_elements<8>(row, e, h, word);
     return uint4{word[0], word[1], word[2], word[3]};
 }
 
@@ -197,6 +209,18 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+/* Logit cell (t, id) of an lm_head launch: v as bf16, or as f32 bits with
+ * every NaN canonical. The caller has checked id < vocab. */
+template <bool F32_LOGITS>
+__device__ __forceinline__ void store_logit(const tovl_lmhead_overlay_args &a, uint32_t t, uint32_t id, float v) {
+    const size_t cell_at = (size_t)t * a.ld + id;
+    if (F32_LOGITS) {
+        ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v);
+    } else {
+        ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v);
+    }
 }
 
 template <typename T>

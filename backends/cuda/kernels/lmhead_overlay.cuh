@@ -337,12 +337,7 @@ __device__ __forceinline__ void lmhead_tree_round(LmheadShared<C> &sh, const flo
         if (t != UINT32_MAX && k < k_end) {
             const uint32_t id = tile_ids[k - k0];
             if (id < a.vocab) {
-                const size_t cell_at = (size_t)t * a.ld + id;
-                if (F32_LOGITS) {
-                    ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v[0]);
-                } else {
-                    ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v[0]);
-                }
+                store_logit<F32_LOGITS>(a, t, id, v[0]);
             }
         }
     }

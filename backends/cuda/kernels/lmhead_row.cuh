@@ -66,13 +66,7 @@ __device__ __forceinline__ RowVector<L> row_load(const uint16_t *row, uint32_t e
             const uint2 d = ldg(reinterpret_cast<const uint2 *>(row + e));
             v.word[0] = d.x, v.word[1] = d.y;
         } else {
-            v.word[0] = v.word[1] = 0;
-            TOVL_UNROLL
-            for (uint32_t i = 0; i < 4; i++) {
-                if (e + i < h) {
-                    v.word[i / 2] |= (uint32_t)ldg(row + e + i) << (16 * (i % 2));
-                }
-            }
+            load_bf16_elements<4>(row, e, h, v.word);
         }
     }
     return v;
@@ -217,12 +211,7 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
         if (half == 0 && k < n) {
             const float v = lmhead_row_tree<C::LANES>(acc);
             if (lane == 0 && id < a.vocab) {
-                const size_t cell_at = (size_t)t * a.ld + id;
-                if (F32_LOGITS) {
-                    ptr<uint32_t>(a.logits)[cell_at] = f32_out_bits(v);
-                } else {
-                    ptr<uint16_t>(a.logits)[cell_at] = f32_to_bf16(v);
-                }
+                store_logit<F32_LOGITS>(a, t, id, v);
             }
         }
         if constexpr (C::W == 2) {
