@@ -499,42 +499,40 @@ static tovl_status describe_device(cuda_ctx *c) {
     return TOVL_OK;
 }
 
-/* Read a small module global (a launch shape, the port marker); 0 bytes when
- * the module has no such global. */
-static tovl_status read_global(cuda_ctx *c, const char *name, void *dst, size_t capacity, size_t *bytes) {
+/* Copy a small module global of exactly `size` bytes from the device into
+ * `host` (a launch shape, the port marker) or, with to_device, from `host`
+ * into it. found: NULL when the module must have the global; otherwise set to
+ * whether it has it (a missing one is then not an error, and nothing is
+ * copied). */
+static tovl_status copy_global(cuda_ctx *c, const char *name, void *host, size_t size, bool to_device, bool *found) {
     CUdeviceptr p = 0;
-    *bytes = 0;
-    CUresult r = c->drv.cuModuleGetGlobal(&p, bytes, c->module, name);
-    if (r == CUDA_ERROR_NOT_FOUND) {
-        *bytes = 0;
-        return TOVL_OK;
+    size_t bytes = 0;
+    CUresult r = c->drv.cuModuleGetGlobal(&p, &bytes, c->module, name);
+    if (found) {
+        *found = r != CUDA_ERROR_NOT_FOUND;
+        if (!*found) {
+            return TOVL_OK;
+        }
     }
-    if (r == CUDA_SUCCESS && *bytes != capacity) {
+    if (r == CUDA_SUCCESS && bytes != size) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module global %s has %zu bytes, expected %zu", name,
-                          *bytes, capacity);
+                          bytes, size);
     }
-    if (r == CUDA_SUCCESS) r = c->drv.cuMemcpyDtoHAsync(dst, p, capacity, c->stream);
+    if (r == CUDA_SUCCESS) {
+        r = to_device ? c->drv.cuMemcpyHtoDAsync(p, host, size, c->stream)
+                      : c->drv.cuMemcpyDtoHAsync(host, p, size, c->stream);
+    }
     if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
     return r == CUDA_SUCCESS ? TOVL_OK
-                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: reading module global %s", name);
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: %s module global %s",
+                                              to_device ? "writing" : "reading", name);
 }
 
 /* This port's lm_head kernels let the next kernel launch early only when
  * their tiles outnumber the SMs (lmhead_overlay.cuh): tell them how many. */
 static tovl_status write_sm_count(cuda_ctx *c) {
-    const char *name = "tovl_cuda_sm_count";
-    CUdeviceptr p = 0;
-    size_t bytes = 0;
-    const uint32_t sms = c->shape.sm_count;
-    CUresult r = c->drv.cuModuleGetGlobal(&p, &bytes, c->module, name);
-    if (r == CUDA_SUCCESS && bytes != sizeof sms) {
-        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cuda: module global %s has %zu bytes, expected %zu", name,
-                          bytes, sizeof sms);
-    }
-    if (r == CUDA_SUCCESS) r = c->drv.cuMemcpyHtoDAsync(p, &sms, sizeof sms, c->stream);
-    if (r == CUDA_SUCCESS) r = c->drv.cuStreamSynchronize(c->stream);
-    return r == CUDA_SUCCESS ? TOVL_OK
-                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: writing module global %s", name);
+    uint32_t sms = c->shape.sm_count;
+    return copy_global(c, "tovl_cuda_sm_count", &sms, sizeof sms, true, NULL);
 }
 
 static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
@@ -551,17 +549,17 @@ static tovl_status get_function(cuda_ctx *c, const char *name, CUfunction *fn) {
 /* Look the kernels up; tell this port's module from another's. */
 static tovl_status resolve_kernels(cuda_ctx *c) {
     uint32_t abi = 0;
-    size_t bytes = 0;
-    tovl_status st = read_global(c, "tovl_cuda_port_abi", &abi, sizeof abi, &bytes);
+    bool found = false;
+    tovl_status st = copy_global(c, "tovl_cuda_port_abi", &abi, sizeof abi, false, &found);
     if (st != TOVL_OK) {
         return st;
     }
-    if (bytes && abi != TOVL_CUDA_PORT_ABI) {
+    if (found && abi != TOVL_CUDA_PORT_ABI) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
                           "cuda: module %s was built for launch ABI %u, this library launches ABI %u (rebuild it)",
                           c->module_text, abi, TOVL_CUDA_PORT_ABI);
     }
-    c->native = bytes != 0;
+    c->native = found;
     if (c->native) {
         st = write_sm_count(c);
         if (st != TOVL_OK) {
@@ -586,8 +584,8 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
             char global[64];
             uint32_t shape[4];
             snprintf(global, sizeof global, "%s_launch", name);
-            st = read_global(c, global, shape, sizeof shape, &bytes);
-            kernel->shape = bytes ? (tovl_cuda_foreign_shape){shape[0], shape[1], shape[2], shape[3]}
+            st = copy_global(c, global, shape, sizeof shape, false, &found);
+            kernel->shape = found ? (tovl_cuda_foreign_shape){shape[0], shape[1], shape[2], shape[3]}
                                   : TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
             if (st == TOVL_OK) st = tovl_cuda_foreign_shape_check(name, &kernel->shape);
         }
