@@ -197,8 +197,15 @@ static void bench_lmhead(Workload &w, bool f32) {
     const bool pass = ok && bad == 0 && touched == 0;
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { backend_launch(l.fn, l.grid, l.block, st, a); });
-    printf("lmhead_overlay_%-4s T=%-4u %5zu cells  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, l.variant, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+    /* Row groups the batch has (BM rows of one slot each): with the tiles'
+     * columns, how many tiles there are, hence how many rounds they take. */
+    uint32_t groups = 0;
+    for (uint32_t s = 0; s < SLOTS; s++) {
+        const uint32_t n = (uint32_t)std::count(w.slots.begin(), w.slots.end(), (int32_t)s);
+        groups += (n + TOVL_CUDA_LMHEAD_BM - 1) / TOVL_CUDA_LMHEAD_BM;
+    }
+    printf("lmhead_overlay_%-4s T=%-4u %5zu cells %4u groups  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
+           f32 ? "f32" : "bf16", w.T, cells, groups, l.variant, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
         printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
