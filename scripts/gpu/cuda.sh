@@ -21,7 +21,8 @@
 #      checked, then timed), mma_probe (docs/PERFORMANCE.md's seventh
 #      session: tensor-core products checked and their loop timed) and
 #      embed_floor (the eighth session's: the embed hook beside an empty
-#      kernel, its lookups alone and an h = 4096-only copy of it).
+#      kernel, its lookups alone and an h = 4096-only copy of it) and
+#      laneslice_probe (the thirteenth session's lane-slice loops).
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -80,7 +81,7 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
 fi
 
 # 6. The bench/ programs (built by CMake's build check when nvcc saw sm_90).
-for prog in lmhead_microbench mma_probe embed_floor; do
+for prog in lmhead_microbench mma_probe embed_floor laneslice_probe; do
   [ -x "$build/backends/cuda/$prog" ] && step "$prog" "$build/backends/cuda/$prog" "$fresh_seed"
 done
 
@@ -111,8 +112,8 @@ if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
-for prog in lmhead_microbench mma_probe embed_floor; do
-  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|part|lmhead_overlay|embed_overlay|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -20; }
+for prog in lmhead_microbench mma_probe embed_floor laneslice_probe; do
+  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|laneslice_probe|part|lmhead_overlay|embed_overlay|wide|regs|ring|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -40; }
 done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
