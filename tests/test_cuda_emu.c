@@ -54,8 +54,8 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
 }
 
 /* Every lm_head variant through the whole suite, whatever the batch would
- * choose (cuda_geometry.c picks the row variants for small batches, then
- * wide or the tiles). */
+ * choose (the backend picks the row variants for small batches, the small
+ * tiles for T up to about 64 and the large tiles beyond: cuda_geometry.c). */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_PLAIN, "cuda_emu_large");
 }
@@ -70,10 +70,6 @@ Test(cuda_emu, conformance_row, .timeout = 900) {
 
 Test(cuda_emu, conformance_row2, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW2, "cuda_emu_row2");
-}
-
-Test(cuda_emu, conformance_wide, .timeout = 900) {
-    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_WIDE, "cuda_emu_wide");
 }
 
 /* The backend's own choice on an H200's 132 SMs (the suite's small batches

@@ -10,15 +10,13 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_wide"},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_wide"}};
+     "lmhead_overlay_bf16_row2"},
+    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2",
-                                                                      "wide"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -68,8 +66,8 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
-/* The row variants: a block per (row, 4 or 2 overlay rows). The tiles and
- * wide: a block per (group of BM rows of one slot, BN overlay rows). */
+/* The row variants: a block per (row, 4 or 2 overlay rows). The tiles: a
+ * block per (group of BM rows of one slot, BN overlay rows). */
 tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
                                    tovl_cuda_launch *out) {
     memset(out, 0, sizeof *out);
@@ -93,7 +91,6 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
     const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW2    ? TOVL_CUDA_LMHEAD_ROW2_CELLS
                              : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
                              : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
-                             : variant == TOVL_CUDA_VARIANT_WIDE  ? TOVL_CUDA_LMHEAD_WIDE_BN
                                                                   : TOVL_CUDA_LMHEAD_LARGE_BN;
     /* Beyond CUDA's y limit the blocks loop over columns. */
     out->grid[1] = min_u32(ceil_div(a->max_n, columns), GRID_YZ_MAX);

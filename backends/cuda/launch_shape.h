@@ -29,9 +29,8 @@
  * Bump it when a launch shape or convention changes (6: the kernels wait for
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
- * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: the
- * wide variant). */
-#define TOVL_CUDA_PORT_ABI 11
+ * lm_head row variant; 9: and row2; 10: row resident 6 to an SM). */
+#define TOVL_CUDA_PORT_ABI 10
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -107,21 +106,6 @@
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD
 #define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16
-#endif
-
-/* The "wide" variant (lmhead_wide.cuh) for batches between the row variants
- * and the large tiles: tiles of BM rows x WIDE_BN overlay rows, found on the
- * device as the tiles' are, 256 threads, warp w holding slice w of the
- * spec's lanes for every cell (one lane per thread), so that a cell's
- * multiply-adds run on 8 warps. BLOCKS_PER_SM: the register cap
- * (__launch_bounds__) and the host's residency test; ROUNDS_AHEAD: rounds
- * of loads in flight. */
-#define TOVL_CUDA_LMHEAD_WIDE_BN 4
-#ifndef TOVL_CUDA_LMHEAD_WIDE_BLOCKS_PER_SM
-#define TOVL_CUDA_LMHEAD_WIDE_BLOCKS_PER_SM 2
-#endif
-#ifndef TOVL_CUDA_LMHEAD_WIDE_ROUNDS_AHEAD
-#define TOVL_CUDA_LMHEAD_WIDE_ROUNDS_AHEAD 4
 #endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

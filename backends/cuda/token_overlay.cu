@@ -13,7 +13,6 @@
 #include "kernels/embed_overlay.cuh"
 #include "kernels/lmhead_overlay.cuh"
 #include "kernels/lmhead_row.cuh"
-#include "kernels/lmhead_wide.cuh"
 #include "kernels/rowdiff.cuh"
 
 /* Marks a module as this port's, so the host launches it with this port's

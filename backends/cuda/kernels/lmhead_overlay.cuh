@@ -124,10 +124,6 @@ union alignas(16) LmheadShared {
         float2 lanes[2][C::ROUND / 2][TOVL_DOT_LANES]; /* [group][pair of cells of the round][lane] */
         uint32_t rows[C::BM];
     } tree;
-    struct { /* lmhead_wide.cuh: [slice][cell][lane % 16] after stride 128; no larger than `tree` */
-        float v[C::WARPS][C::BM * C::BN][TOVL_DOT_LANES / 2 / C::WARPS];
-        uint32_t rows[C::BM];
-    } slices;
 };
 
 /* Overlay rows of slot s the kernel computes: n[s], at most max_n. */
