@@ -60,160 +60,151 @@ static const uint32_t H = 4096, SLOTS = 8, N = 64;
 static const uint32_t ROUNDS = H / 256; /* 256-element rounds per row */
 static const uint32_t SLICES = 4;
 
-/* Warp tile 8 rows x 4 overlay rows; a block is WM x WN warps. */
+/* Where a warp's 8 x 4 cells lie: slot s, rows t0 .. t0 + 7 (this synthetic
+ * batch gives slot s rows s * T / SLOTS .. + T / SLOTS), overlay rows k0 ..
+ * k0 + 3; a block is WM x WN warps. */
+struct WarpTile {
+    uint32_t s, t0, k0;
+};
+template <int WM, int WN>
+__device__ __forceinline__ WarpTile warp_tile(uint32_t T) {
+    const uint32_t BMB = 8 * WM, BNB = 4 * WN;
+    const uint32_t tiles_m = (T / SLOTS) / BMB, tiles_n = N / BNB, b = blockIdx.x;
+    const uint32_t s = b / (tiles_m * tiles_n), tm = (b / tiles_n) % tiles_m, tn = b % tiles_n;
+    const uint32_t warp = threadIdx.x / 32, wm = warp / WN, wn = warp % WN;
+    return WarpTile{s, s * (T / SLOTS) + tm * BMB + wm * 8, tn * BNB + wn * 4};
+}
+
+/* The slice at position pos of the order 0, 2, 1, 3. */
+__device__ __forceinline__ uint32_t slice_at(uint32_t pos) {
+    return ((pos & 1) << 1) | (pos >> 1);
+}
+
+/* One round of the thread's two lanes: x words of the 8 rows, the 4 overlay
+ * rows' elements unpacked. */
+template <bool FUSED>
+__device__ __forceinline__ void round_products(float (&acc)[32][2], const uint32_t (&xv)[8], const float (&wf)[4][2]) {
+#pragma unroll
+    for (int m = 0; m < 8; m++) {
+        const float xf[2] = {__uint_as_float(xv[m] << 16), __uint_as_float(xv[m] & 0xffff0000u)};
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float &a = acc[m * 4 + n][e];
+                a = FUSED ? __fmaf_rn(xf[e], wf[n][e], a) : __fadd_rn(a, __fmul_rn(xf[e], wf[n][e]));
+            }
+        }
+    }
+}
+__device__ __forceinline__ void unpack4(const uint32_t (&w)[4], float (&wf)[4][2]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        wf[i][0] = __uint_as_float(w[i] << 16);
+        wf[i][1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* The end of the slice at position pos. Stride 128 as a reduce-scatter
+ * (lane l in half 0 + lane l + 128 in half 1; half 0 keeps cells 0..15,
+ * half 1 16..31), then into the warp's stash (two areas of [32 values][32
+ * threads]): slice 0 to area A, slice 2 onto it (stride 64: lanes 0..31 +
+ * 64..95), slice 1 to area B, slice 3 onto B (32..63 + 96..127) and B onto A
+ * (stride 32). A then holds lanes 0..31 of the stride-32 level. */
+__device__ __forceinline__ void slice_end(float (&acc)[32][2], float *stash, uint32_t pos, uint32_t q) {
+    const uint32_t half = q / 16;
+    float *area_a = stash, *st = stash + (pos >= 2 ? 32 * 32 : 0);
+#pragma unroll
+    for (int c = 0; c < 16; c++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float send = half ? acc[c][e] : acc[16 + c][e];
+            const float mine = half ? acc[16 + c][e] : acc[c][e];
+            const float got = __shfl_xor_sync(0xffffffffu, send, 16);
+            float r = half ? __fadd_rn(got, mine) : __fadd_rn(mine, got);
+            const uint32_t at = (c * 2 + e) * 32 + q;
+            if (pos == 1 || pos == 3) r = __fadd_rn(st[at], r); /* stride 64 */
+            if (pos == 3) r = __fadd_rn(area_a[at], r);         /* stride 32 */
+            (pos == 3 ? area_a : st)[at] = r;
+        }
+    }
+}
+
+/* Strides 16, 8, 4, 2 across the half-warp (lane 2qq + e), 1 in the thread;
+ * half h's thread 0 stores cells 16h .. 16h + 15. */
+__device__ __forceinline__ void finish_cells(const float *stash, float *out, uint32_t t0, uint32_t k0, uint32_t q) {
+    const uint32_t half = q / 16, qq = q % 16;
+#pragma unroll
+    for (int c = 0; c < 16; c++) {
+        float v[2] = {stash[(c * 2) * 32 + q], stash[(c * 2 + 1) * 32 + q]};
+#pragma unroll
+        for (uint32_t m = 8; m >= 1; m /= 2) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
+                v[e] = (qq & m) ? __fadd_rn(o, v[e]) : __fadd_rn(v[e], o);
+            }
+        }
+        if (qq == 0) {
+            const uint32_t cell = 16 * half + c;
+            out[(size_t)(t0 + cell / 4) * N + k0 + cell % 4] = __fadd_rn(v[0], v[1]);
+        }
+    }
+}
+
+/* Slices in turn, operands AHEAD rounds ahead in registers. */
 template <int WM, int WN, bool FUSED, int AHEAD, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB)
     laneslice(const uint16_t *__restrict__ hidden, const uint16_t *__restrict__ rows, float *__restrict__ out,
               uint32_t T) {
-    extern __shared__ float stash[]; /* [warp][2][32 values][32 threads] */
-    const uint32_t BMB = 8 * WM, BNB = 4 * WN;
-    const uint32_t tiles_m = (T / SLOTS) / BMB, tiles_n = N / BNB;
-    const uint32_t b = blockIdx.x;
-    const uint32_t s = b / (tiles_m * tiles_n), tm = (b / tiles_n) % tiles_m, tn = b % tiles_n;
-    const uint32_t warp = threadIdx.x / 32, q = threadIdx.x % 32;
-    const uint32_t wm = warp / WN, wn = warp % WN;
-    /* This synthetic batch: slot s owns rows s * T / SLOTS .. + T / SLOTS. */
-    const uint32_t t0 = s * (T / SLOTS) + tm * BMB + wm * 8;
-    const uint32_t k0 = tn * BNB + wn * 4;
+    extern __shared__ float stash[]; /* per warp: [2][32 values][32 threads] */
+    const WarpTile wt = warp_tile<WM, WN>(T);
+    const uint32_t q = threadIdx.x % 32, half = q / 16, qq = q % 16;
+    float *my_stash = stash + threadIdx.x / 32 * 2 * 32 * 32;
     /* Row starts as 32-bit word offsets from two bases: fewer registers than
      * twelve pointers. */
-    const uint32_t *xbase = (const uint32_t *)hidden, *wbase = (const uint32_t *)(rows + (size_t)s * N * H);
+    const uint32_t *xbase = (const uint32_t *)hidden, *wbase = (const uint32_t *)(rows + (size_t)wt.s * N * H);
     uint32_t xo[8], wo[4];
-    for (int i = 0; i < 8; i++) xo[i] = (t0 + i) * (H / 2);
-    for (int i = 0; i < 4; i++) wo[i] = (k0 + i) * (H / 2);
-    float *my_stash = stash + warp * 2 * 32 * 32;
-
-    /* Slice order 0, 2, 1, 3: 0 + 2 pair at stride 64, then 1 + 3, then both. */
-    const uint32_t half = q / 16, qq = q % 16;
-    float acc[32][2];
-    uint32_t xb[AHEAD][8], wb[AHEAD][4];
-
-    auto word_of = [&](uint32_t step) -> uint32_t {
-        const uint32_t pos = step / ROUNDS, slice = ((pos & 1) << 1) | (pos >> 1), j = step % ROUNDS;
-        const uint32_t lane = 128 * half + 32 * slice + 2 * qq; /* the thread's first lane */
-        return (256 * j + lane) / 2;
-    };
-    auto fetch = [&](uint32_t step, uint32_t (&xv)[8], uint32_t (&wv)[4]) {
-        const uint32_t wd = word_of(step);
+    for (int i = 0; i < 8; i++) xo[i] = (wt.t0 + i) * (H / 2);
+    for (int i = 0; i < 4; i++) wo[i] = (wt.k0 + i) * (H / 2);
+    const auto fetch = [&](uint32_t step, uint32_t (&xv)[8], uint32_t (&wv)[4]) {
+        const uint32_t lane = 128 * half + 32 * slice_at(step / ROUNDS) + 2 * qq; /* the first of two */
+        const uint32_t wd = (256 * (step % ROUNDS) + lane) / 2;
         for (int i = 0; i < 8; i++) xv[i] = __ldg(xbase + xo[i] + wd);
         for (int i = 0; i < 4; i++) wv[i] = __ldg(wbase + wo[i] + wd);
     };
+    uint32_t xb[AHEAD][8], wb[AHEAD][4];
     for (int d = 0; d < AHEAD; d++) fetch(d, xb[d], wb[d]);
-
     const uint32_t STEPS = SLICES * ROUNDS;
+    float acc[32][2];
 #pragma unroll 1
-    for (uint32_t slice_pos = 0; slice_pos < SLICES; slice_pos++) {
+    for (uint32_t pos = 0; pos < SLICES; pos++) {
 #pragma unroll
         for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
 #pragma unroll 1
         for (uint32_t j0 = 0; j0 < ROUNDS; j0 += AHEAD) {
 #pragma unroll
-        for (int d = 0; d < AHEAD; d++) {
-            const uint32_t step = slice_pos * ROUNDS + j0 + d;
-            uint32_t xv[8];
-            float wf[4][2];
+            for (int d = 0; d < AHEAD; d++) {
+                const uint32_t step = pos * ROUNDS + j0 + d;
+                uint32_t xv[8];
+                float wf[4][2];
 #pragma unroll
-            for (int i = 0; i < 8; i++) xv[i] = xb[d][i];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                wf[i][0] = __uint_as_float(wb[d][i] << 16);
-                wf[i][1] = __uint_as_float(wb[d][i] & 0xffff0000u);
-            }
-            if (step + AHEAD < STEPS) fetch(step + AHEAD, xb[d], wb[d]);
-#pragma unroll
-            for (int m = 0; m < 8; m++) {
-                const float xf[2] = {__uint_as_float(xv[m] << 16), __uint_as_float(xv[m] & 0xffff0000u)};
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float &a = acc[m * 4 + n][e];
-                        if (FUSED) {
-                            a = __fmaf_rn(xf[e], wf[n][e], a);
-                        } else {
-                            a = __fadd_rn(a, __fmul_rn(xf[e], wf[n][e]));
-                        }
-                    }
-                }
+                for (int i = 0; i < 8; i++) xv[i] = xb[d][i];
+                unpack4(wb[d], wf);
+                if (step + AHEAD < STEPS) fetch(step + AHEAD, xb[d], wb[d]);
+                round_products<FUSED>(acc, xv, wf);
             }
         }
-        }
-            {
-                /* Stride 128: lane l (half 0) + lane l + 128 (half 1), as a
-                 * reduce-scatter: half 0 keeps cells 0..15, half 1 16..31. */
-                float r[16][2];
-#pragma unroll
-                for (int c = 0; c < 16; c++) {
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float send = half ? acc[c][e] : acc[16 + c][e];
-                        const float mine = half ? acc[16 + c][e] : acc[c][e];
-                        const float got = __shfl_xor_sync(0xffffffffu, send, 16);
-                        r[c][e] = half ? __fadd_rn(got, mine) : __fadd_rn(mine, got);
-                    }
-                }
-                float *st = my_stash + (slice_pos >= 2 ? 32 * 32 : 0);
-                if (slice_pos == 0 || slice_pos == 2) {
-#pragma unroll
-                    for (int c = 0; c < 16; c++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) st[(c * 2 + e) * 32 + q] = r[c][e];
-                } else {
-                    /* slice 2 after 0 (stride 64: lanes 0..31 + 64..95), or
-                     * slice 3 after 1 (lanes 32..63 + 96..127). */
-#pragma unroll
-                    for (int c = 0; c < 16; c++)
-#pragma unroll
-                        for (int e = 0; e < 2; e++) r[c][e] = __fadd_rn(st[(c * 2 + e) * 32 + q], r[c][e]);
-                    if (slice_pos == 1) {
-#pragma unroll
-                        for (int c = 0; c < 16; c++)
-#pragma unroll
-                            for (int e = 0; e < 2; e++) st[(c * 2 + e) * 32 + q] = r[c][e];
-                    } else {
-                        /* stride 32: (0 + 2) + (1 + 3), both lanes 0..31;
-                         * kept in the stash, not in registers that would
-                         * then be live through the whole loop */
-#pragma unroll
-                        for (int c = 0; c < 16; c++)
-#pragma unroll
-                            for (int e = 0; e < 2; e++)
-                                my_stash[(c * 2 + e) * 32 + q] =
-                                    __fadd_rn(my_stash[(c * 2 + e) * 32 + q], r[c][e]);
-                    }
-                }
-            }
+        slice_end(acc, my_stash, pos, q);
     }
-    float keep[16][2]; /* lanes 2qq, 2qq + 1 of this half-warp's 16 cells */
-#pragma unroll
-    for (int c = 0; c < 16; c++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) keep[c][e] = my_stash[(c * 2 + e) * 32 + q];
-    /* Strides 16, 8, 4, 2 across the half-warp (lane 2qq + e), then 1 in the
-     * thread. */
-#pragma unroll
-    for (int c = 0; c < 16; c++) {
-#pragma unroll
-        for (uint32_t m = 8; m >= 1; m /= 2) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float o = __shfl_xor_sync(0xffffffffu, keep[c][e], m);
-                keep[c][e] = (qq & m) ? __fadd_rn(o, keep[c][e]) : __fadd_rn(keep[c][e], o);
-            }
-        }
-        if (qq == 0) {
-            const uint32_t cell = 16 * half + c, m = cell / 4, n = cell % 4;
-            out[(size_t)(t0 + m) * N + k0 + n] = __fadd_rn(keep[c][0], keep[c][1]);
-        }
-    }
+    finish_cells(my_stash, out, wt.t0, wt.k0, q);
 }
 
-
-/* The same slices, with each warp's operands staged by cp.async into a ring
- * of R steps of its own in shared memory: loads R - 1 steps ahead without
- * holding registers, and only __syncwarp (no block barrier). A step is 12
- * rows x 32 words (two 64-byte runs per row); thread q copies 3 of its
- * warp's 96 16-byte pieces. */
+/* The same, each warp's operands staged by cp.async into a ring of R steps
+ * of its own in shared memory: loads R - 1 steps ahead without holding
+ * registers, and only __syncwarp (no block barrier). A step is 12 rows x 32
+ * words (two 64-byte runs per row); thread q copies 3 of its warp's 96
+ * 16-byte pieces. */
 __device__ __forceinline__ void cp16(void *dst, const void *src) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
@@ -231,16 +222,10 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     laneslice_ring(const uint16_t *__restrict__ hidden, const uint16_t *__restrict__ rows, float *__restrict__ out,
                    uint32_t T) {
     extern __shared__ uint32_t smem[]; /* per warp: stash [2][32][32] floats, then ring [R][12][32] words */
-    const uint32_t BMB = 8 * WM, BNB = 4 * WN;
-    const uint32_t tiles_m = (T / SLOTS) / BMB, tiles_n = N / BNB;
-    const uint32_t b = blockIdx.x;
-    const uint32_t s = b / (tiles_m * tiles_n), tm = (b / tiles_n) % tiles_m, tn = b % tiles_n;
-    const uint32_t warp = threadIdx.x / 32, q = threadIdx.x % 32;
-    const uint32_t wm = warp / WN, wn = warp % WN;
-    const uint32_t t0 = s * (T / SLOTS) + tm * BMB + wm * 8;
-    const uint32_t k0 = tn * BNB + wn * 4;
-    const uint32_t *xbase = (const uint32_t *)hidden, *wbase = (const uint32_t *)(rows + (size_t)s * N * H);
-    float *my_stash = (float *)smem + warp * (2 * 32 * 32 + R * 12 * 32);
+    const WarpTile wt = warp_tile<WM, WN>(T);
+    const uint32_t q = threadIdx.x % 32;
+    const uint32_t *xbase = (const uint32_t *)hidden, *wbase = (const uint32_t *)(rows + (size_t)wt.s * N * H);
+    float *my_stash = (float *)smem + threadIdx.x / 32 * (2 * 32 * 32 + R * 12 * 32);
     uint32_t *ring = (uint32_t *)(my_stash + 2 * 32 * 32);
 
     /* This thread's three pieces: piece p = q + 32 i: row p / 8 (0..7 hidden,
@@ -250,14 +235,13 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     for (int i = 0; i < 3; i++) {
         const uint32_t p = q + 32 * i, row = p / 8, hf = (p / 4) % 2, part = p % 4;
         const uint32_t off = 64 * hf + 4 * part;
-        src[i] = row < 8 ? xbase + (t0 + row) * (H / 2) + off : wbase + (k0 + row - 8) * (H / 2) + off;
+        src[i] = row < 8 ? xbase + (wt.t0 + row) * (H / 2) + off : wbase + (wt.k0 + row - 8) * (H / 2) + off;
         dst[i] = row * 32 + 16 * hf + 4 * part;
     }
     const uint32_t STEPS = SLICES * ROUNDS;
-    auto issue = [&](uint32_t step) {
+    const auto issue = [&](uint32_t step) {
         if (step < STEPS) {
-            const uint32_t pos = step / ROUNDS, slice = ((pos & 1) << 1) | (pos >> 1), j = step % ROUNDS;
-            const uint32_t adv = 128 * j + 16 * slice;
+            const uint32_t adv = 128 * (step % ROUNDS) + 16 * slice_at(step / ROUNDS);
             uint32_t *slot = ring + (step % R) * 12 * 32;
             for (int i = 0; i < 3; i++) cp16(slot + dst[i], src[i] + adv);
         }
@@ -265,80 +249,31 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     };
     for (int d = 0; d < R - 1; d++) issue(d);
 
-    const uint32_t half = q / 16;
     float acc[32][2];
 #pragma unroll 1
-    for (uint32_t slice_pos = 0; slice_pos < SLICES; slice_pos++) {
+    for (uint32_t pos = 0; pos < SLICES; pos++) {
 #pragma unroll
         for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
 #pragma unroll 2
-    for (uint32_t j = 0; j < ROUNDS; j++) {
-        const uint32_t step = slice_pos * ROUNDS + j;
-        __syncwarp(); /* every thread is done with the slot about to be refilled */
-        issue(step + R - 1);
-        cp_wait<R - 1>();
-        __syncwarp(); /* every thread's pieces of this step have landed */
-        const uint32_t *slot = ring + (step % R) * 12 * 32;
-        float wf[4][2];
+        for (uint32_t j = 0; j < ROUNDS; j++) {
+            const uint32_t step = pos * ROUNDS + j;
+            __syncwarp(); /* every thread is done with the slot about to be refilled */
+            issue(step + R - 1);
+            cp_wait<R - 1>();
+            __syncwarp(); /* every thread's pieces of this step have landed */
+            const uint32_t *slot = ring + (step % R) * 12 * 32;
+            uint32_t xv[8], wv[4];
+            float wf[4][2];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t w = slot[(8 + i) * 32 + q];
-            wf[i][0] = __uint_as_float(w << 16);
-            wf[i][1] = __uint_as_float(w & 0xffff0000u);
+            for (int i = 0; i < 4; i++) wv[i] = slot[(8 + i) * 32 + q];
+            unpack4(wv, wf);
+#pragma unroll
+            for (int m = 0; m < 8; m++) xv[m] = slot[m * 32 + q];
+            round_products<FUSED>(acc, xv, wf);
         }
-#pragma unroll
-        for (int m = 0; m < 8; m++) {
-            const uint32_t xv = slot[m * 32 + q];
-            const float xf[2] = {__uint_as_float(xv << 16), __uint_as_float(xv & 0xffff0000u)};
-#pragma unroll
-            for (int n = 0; n < 4; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float &a = acc[m * 4 + n][e];
-                    if (FUSED) {
-                        a = __fmaf_rn(xf[e], wf[n][e], a);
-                    } else {
-                        a = __fadd_rn(a, __fmul_rn(xf[e], wf[n][e]));
-                    }
-                }
-            }
-        }
+        slice_end(acc, my_stash, pos, q);
     }
-        {
-            float *st = my_stash + (slice_pos >= 2 ? 32 * 32 : 0);
-#pragma unroll
-            for (int c = 0; c < 16; c++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float send = half ? acc[c][e] : acc[16 + c][e];
-                    const float mine = half ? acc[16 + c][e] : acc[c][e];
-                    const float got = __shfl_xor_sync(0xffffffffu, send, 16);
-                    float r = half ? __fadd_rn(got, mine) : __fadd_rn(mine, got);
-                    float *cell = st + (c * 2 + e) * 32 + q;
-                    if (slice_pos == 1 || slice_pos == 3) r = __fadd_rn(*cell, r); /* stride 64 */
-                    if (slice_pos == 3) r = __fadd_rn(my_stash[(c * 2 + e) * 32 + q], r); /* stride 32 */
-                    *(slice_pos == 3 ? my_stash + (c * 2 + e) * 32 + q : cell) = r;
-                }
-            }
-        }
-    }
-    const uint32_t qq = q % 16;
-#pragma unroll
-    for (int c = 0; c < 16; c++) {
-        float v[2] = {my_stash[(c * 2) * 32 + q], my_stash[(c * 2 + 1) * 32 + q]};
-#pragma unroll
-        for (uint32_t m = 8; m >= 1; m /= 2) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
-                v[e] = (qq & m) ? __fadd_rn(o, v[e]) : __fadd_rn(v[e], o);
-            }
-        }
-        if (qq == 0) {
-            const uint32_t cell = 16 * half + c, m = cell / 4, n = cell % 4;
-            out[(size_t)(t0 + m) * N + k0 + n] = __fadd_rn(v[0], v[1]);
-        }
-    }
+    finish_cells(my_stash, out, wt.t0, wt.k0, q);
 }
 
 
