@@ -22,7 +22,8 @@
 #      session: tensor-core products checked and their loop timed) and
 #      embed_floor (the eighth session's: the embed hook beside an empty
 #      kernel, its lookups alone and an h = 4096-only copy of it) and
-#      laneslice_probe (the thirteenth session's lane-slice loops).
+#      laneslice_probe and lmhead_cluster_probe (the thirteenth session's
+#      lane-slice loops, and tiles cut by lanes over a cluster of blocks).
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -81,7 +82,7 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
 fi
 
 # 6. The bench/ programs (built by CMake's build check when nvcc saw sm_90).
-for prog in lmhead_microbench mma_probe embed_floor laneslice_probe; do
+for prog in lmhead_microbench mma_probe embed_floor laneslice_probe lmhead_cluster_probe; do
   [ -x "$build/backends/cuda/$prog" ] && step "$prog" "$build/backends/cuda/$prog" "$fresh_seed"
 done
 
@@ -112,8 +113,8 @@ if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
-for prog in lmhead_microbench mma_probe embed_floor laneslice_probe; do
-  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|laneslice_probe|part|lmhead_overlay|embed_overlay|wide|regs|ring|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -40; }
+for prog in lmhead_microbench mma_probe embed_floor laneslice_probe lmhead_cluster_probe; do
+  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|laneslice_probe|part|lmhead_overlay|embed_overlay|cluster|wide|regs|ring|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -40; }
 done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'
