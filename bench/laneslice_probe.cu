@@ -17,6 +17,12 @@
  *   Operands straight from global memory, AHEAD rounds ahead in registers.
  * - laneslice_ring: the same, each warp's operands staged by cp.async into a
  *   ring of R steps of its own (no block barrier; __syncwarp only).
+ * - laneslice_ws: the same cells, warp-specialized: producer warps turn the
+ *   rows from bf16 into f32 in a ring shared by the 8 consumer warps
+ *   (mbarriers, no block barrier), so a consumer's step is 12 8-byte shared
+ *   loads and 64 FFMA. TOVL_PROBE_ALONE=1 adds the consumers' loop without
+ *   producers (timing only: its results are not checked and print as
+ *   MISMATCH).
  * - laneslice_wide (small batches): every slice at once. A block is 8 rows x
  *   4 overlay rows and 8 warps; warp b holds slice b of 32 lanes (16b .. + 15
  *   and 128 + 16b .. + 15, one per thread), so a cell's 4096 multiply-adds
@@ -67,12 +73,17 @@ struct WarpTile {
     uint32_t s, t0, k0;
 };
 template <int WM, int WN>
-__device__ __forceinline__ WarpTile warp_tile(uint32_t T) {
+__device__ __forceinline__ WarpTile block_tile(uint32_t T) { /* the block's first row and overlay row */
     const uint32_t BMB = 8 * WM, BNB = 4 * WN;
     const uint32_t tiles_m = (T / SLOTS) / BMB, tiles_n = N / BNB, b = blockIdx.x;
     const uint32_t s = b / (tiles_m * tiles_n), tm = (b / tiles_n) % tiles_m, tn = b % tiles_n;
+    return WarpTile{s, s * (T / SLOTS) + tm * BMB, tn * BNB};
+}
+template <int WM, int WN>
+__device__ __forceinline__ WarpTile warp_tile(uint32_t T) {
+    const WarpTile bt = block_tile<WM, WN>(T);
     const uint32_t warp = threadIdx.x / 32, wm = warp / WN, wn = warp % WN;
-    return WarpTile{s, s * (T / SLOTS) + tm * BMB + wm * 8, tn * BNB + wn * 4};
+    return WarpTile{bt.s, bt.t0 + wm * 8, bt.k0 + wn * 4};
 }
 
 /* The slice at position pos of the order 0, 2, 1, 3. */
@@ -359,6 +370,138 @@ __global__ void __launch_bounds__(256, MINB)
     if (p == 0) out[(size_t)(t0 + cell / 4) * N + k0 + cell % 4] = r;
 }
 
+
+/* Warp-specialized: P producer warps turn the block's rows from bf16 into
+ * f32 in a ring of R steps shared by the 8 consumer warps, which then load
+ * each operand pair with one 8-byte shared load and no unpacking. Producer
+ * warp p fills steps p, p + P, ... (a step: the 32 rows' 64 elements of one
+ * slice-round, 8 KB of f32), one step's 16-byte loads ahead in registers;
+ * the hand-over is by mbarriers (full: the producer warp's 32 threads have
+ * stored; empty: the 8 consumer warps have read), so no block barrier runs
+ * after the start. */
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+template <int WM, int WN, bool FUSED, int R, int P, bool ALONE = false>
+__global__ void __launch_bounds__((WM * WN + P) * 32, 1)
+    laneslice_ws(const uint16_t *__restrict__ hidden, const uint16_t *__restrict__ rows, float *__restrict__ out,
+                 uint32_t T) {
+    constexpr uint32_t CW = WM * WN, BMB = 8 * WM, BNB = 4 * WN, ROWS_B = BMB + BNB, STEP_F = ROWS_B * 64;
+    constexpr uint32_t VECS = ROWS_B * 8; /* 16-byte vectors of bf16 per step */
+    static_assert(VECS % 32 == 0, "a producer warp's vectors divide evenly");
+    constexpr uint32_t PER = VECS / 32;   /* per producer thread per step */
+    extern __shared__ float smem_f[];     /* stash [CW][2][32][32], ring [R][ROWS_B][64], full[R], empty[R] */
+    float *ring = smem_f + CW * 2 * 32 * 32;
+    uint64_t *full = reinterpret_cast<uint64_t *>(ring + R * STEP_F), *empty = full + R;
+    const uint32_t warp = threadIdx.x / 32, q = threadIdx.x % 32;
+    const WarpTile bt = block_tile<WM, WN>(T);
+    const uint32_t s = bt.s, t0 = bt.t0, k0 = bt.k0;
+    if (threadIdx.x == 0) {
+        for (uint32_t k = 0; k < R; k++) {
+            mbar_init(&full[k], 32);
+            mbar_init(&empty[k], CW);
+        }
+    }
+    __syncthreads();
+    const uint32_t STEPS = SLICES * ROUNDS;
+    if (warp >= CW) {
+        if (ALONE) return; /* timing only: the consumers' loop without producers */
+        const uint32_t p = warp - CW;
+        uint4 v[2][PER];
+        const auto fetch = [&](uint32_t step, uint4 (&dst)[PER]) {
+            const uint32_t j = step % ROUNDS, slice = slice_at(step / ROUNDS);
+#pragma unroll
+            for (uint32_t i = 0; i < PER; i++) {
+                const uint32_t vec = q + 32 * i, row = vec / 8, hf = (vec / 4) % 2, part = vec % 4;
+                const uint16_t *src = row < BMB ? hidden + (size_t)(t0 + row) * H
+                                                : rows + ((size_t)s * N + k0 + row - BMB) * H;
+                dst[i] = __ldg(reinterpret_cast<const uint4 *>(src + 256 * j + 128 * hf + 32 * slice + 8 * part));
+            }
+        };
+        const auto store = [&](uint32_t step, const uint4 (&src)[PER]) {
+            const uint32_t slot = step % R, n = step / R;
+            if (n > 0) mbar_wait(&empty[slot], (n - 1) & 1);
+            float *dst = ring + slot * STEP_F;
+#pragma unroll
+            for (uint32_t i = 0; i < PER; i++) {
+                const uint32_t vec = q + 32 * i, row = vec / 8, hf = (vec / 4) % 2, part = vec % 4;
+                const uint4 w = src[i];
+                float4 *d = reinterpret_cast<float4 *>(dst + row * 64 + hf * 32 + part * 8);
+                d[0] = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xffff0000u),
+                                   __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xffff0000u));
+                d[1] = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xffff0000u),
+                                   __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xffff0000u));
+            }
+            mbar_arrive(&full[slot]);
+        };
+        /* Two register sets, used in turn: the next assigned step's loads are
+         * in flight while this one is stored. */
+        if (p < STEPS) fetch(p, v[0]);
+        for (uint32_t step = p; step < STEPS; step += 2 * P) {
+            if (step + P < STEPS) fetch(step + P, v[1]);
+            store(step, v[0]);
+            if (step + P >= STEPS) break;
+            if (step + 2 * P < STEPS) fetch(step + 2 * P, v[0]);
+            store(step + P, v[1]);
+        }
+        return; /* no block barrier follows */
+    }
+    const uint32_t wm = warp / WN, wn = warp % WN, half = q / 16, qq = q % 16;
+    float *my_stash = smem_f + warp * 2 * 32 * 32;
+    float acc[32][2];
+#pragma unroll 1
+    for (uint32_t pos = 0; pos < SLICES; pos++) {
+#pragma unroll
+        for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
+#pragma unroll 2
+        for (uint32_t j = 0; j < ROUNDS; j++) {
+            const uint32_t step = pos * ROUNDS + j, slot = step % R;
+            if (!ALONE) mbar_wait(&full[slot], (step / R) & 1);
+            const float *src = ring + slot * STEP_F + half * 32 + 2 * qq;
+            float2 xf[8], wf[4];
+#pragma unroll
+            for (int m = 0; m < 8; m++) xf[m] = *reinterpret_cast<const float2 *>(src + (wm * 8 + m) * 64);
+#pragma unroll
+            for (int n = 0; n < 4; n++) wf[n] = *reinterpret_cast<const float2 *>(src + (BMB + wn * 4 + n) * 64);
+#pragma unroll
+            for (int m = 0; m < 8; m++)
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    float(&a)[2] = acc[m * 4 + n];
+                    if (FUSED) {
+                        a[0] = __fmaf_rn(xf[m].x, wf[n].x, a[0]);
+                        a[1] = __fmaf_rn(xf[m].y, wf[n].y, a[1]);
+                    } else {
+                        a[0] = __fadd_rn(a[0], __fmul_rn(xf[m].x, wf[n].x));
+                        a[1] = __fadd_rn(a[1], __fmul_rn(xf[m].y, wf[n].y));
+                    }
+                }
+            __syncwarp();
+            if (q == 0 && !ALONE) mbar_arrive(&empty[slot]);
+        }
+        slice_end(acc, my_stash, pos, q);
+    }
+    finish_cells(my_stash, out, t0 + wm * 8, k0 + wn * 4, q);
+}
+
 static uint16_t draw_bf16(std::mt19937_64 &rng) {
     /* exponent field 110..140, random sign and mantissa: every product normal */
     const uint32_t e = 110 + (uint32_t)(rng() % 31);
@@ -422,6 +565,15 @@ static bool run_wide(const char *name, const uint16_t *dh, const uint16_t *dr, c
     return run_kernel(name, laneslice_wide<FUSED, AHEAD, MINB>, 1, 1, 0, dh, dr, hh, hr, T, 8);
 }
 
+template <int WM, int WN, bool FUSED, int R, int P, bool ALONE = false>
+static bool run_ws(const char *name, const uint16_t *dh, const uint16_t *dr, const std::vector<uint16_t> &hh,
+                   const std::vector<uint16_t> &hr, uint32_t T) {
+    const size_t rows_b = 8 * WM + 4 * WN;
+    const size_t smem = (size_t)WM * WN * 2 * 32 * 32 * 4 + (size_t)R * rows_b * 64 * 4 + 2 * R * 8;
+    return run_kernel(name, laneslice_ws<WM, WN, FUSED, R, P, ALONE>, WM, WN, smem, dh, dr, hh, hr, T, WM * WN + P) ||
+           ALONE; /* timing only: not checked */
+}
+
 int main(int argc, char **argv) {
     const uint64_t seed = argc > 1 ? strtoull(argv[1], nullptr, 0) : std::random_device{}();
     cudaDeviceProp p;
@@ -446,6 +598,13 @@ int main(int argc, char **argv) {
             ok &= run_ring<2, 4, true, 8, 1>("ring: 16x16, 1/SM, fused, R 8", dh, dr, hh, hr, T);
             ok &= run_ring<2, 4, false, 8, 1>("ring: 16x16, 1/SM, unfused, R 8", dh, dr, hh, hr, T);
             ok &= run_ring<2, 2, true, 4, 4>("ring: 16x8, 4/SM, fused, R 4", dh, dr, hh, hr, T);
+            ok &= run_ws<2, 4, true, 8, 4>("ws: 16x16, f32 ring R 8, 4 producers, fused", dh, dr, hh, hr, T);
+            ok &= run_ws<2, 4, false, 8, 4>("ws: 16x16, f32 ring R 8, 4 producers, unfused", dh, dr, hh, hr, T);
+            ok &= run_ws<2, 4, true, 12, 8>("ws: 16x16, f32 ring R 12, 8 producers, fused", dh, dr, hh, hr, T);
+            if (getenv("TOVL_PROBE_ALONE")) {
+                run_ws<2, 4, true, 8, 4, true>("ws, consumers alone (timing only)", dh, dr, hh, hr, T);
+                run_ws<2, 4, false, 8, 4, true>("ws, consumers alone, unfused", dh, dr, hh, hr, T);
+            }
         }
         if (T >= 64) ok &= run_ring<1, 2, true, 8, 4>("ring: 8x8, 4/SM, fused, R 8", dh, dr, hh, hr, T);
         CK(cudaFree(dh));
