@@ -52,6 +52,25 @@ static uint64_t bench_start(int argc, char **argv, const char *program) {
     return seed;
 }
 
+/* The batch sizes to run: TOVL_MB_T, comma-separated (512,64), else
+ * `defaults`; exits with status 2 on a malformed list. */
+static std::vector<uint32_t> bench_sizes(std::vector<uint32_t> defaults) {
+    const char *list = getenv("TOVL_MB_T");
+    if (!list) return defaults;
+    std::vector<uint32_t> sizes;
+    for (const char *p = list; *p;) {
+        char *end;
+        const unsigned long T = strtoul(p, &end, 10);
+        if (end == p || T == 0 || T > 65536) {
+            fprintf(stderr, "TOVL_MB_T: expected sizes like 512,64, got '%s'\n", list);
+            exit(2);
+        }
+        sizes.push_back((uint32_t)T);
+        p = *end == ',' ? end + 1 : end;
+    }
+    return sizes;
+}
+
 static uint16_t random_bf16(std::mt19937_64 &rng) {
     /* Mixed signs and exponents, mantissas full; no NaN/Inf (conformance covers those). */
     std::uniform_real_distribution<float> m(-1.0f, 1.0f);
@@ -118,6 +137,26 @@ static tovl_embed_overlay_args embed_args(const Workload &w, uint64_t hidden) {
     a.vocab = VOCAB;
     a.max_loras = SLOTS;
     a.active_slot = -1;
+    return a;
+}
+
+/* The lm_head hook's arguments over the workload, writing `logits` (a device
+ * buffer of T x VOCAB cells the caller owns). */
+static tovl_lmhead_overlay_args lmhead_args(const Workload &w, uint64_t logits) {
+    tovl_lmhead_overlay_args a = {};
+    a.logits = logits;
+    a.hidden = w.d_hidden;
+    a.row_slots = w.d_slots;
+    a.rows_table = w.d_rows_table;
+    a.ids_table = w.d_ids_table;
+    a.n_table = w.d_n_table;
+    a.ld = VOCAB;
+    a.T = w.T;
+    a.h = H;
+    a.vocab = VOCAB;
+    a.max_loras = SLOTS;
+    a.active_slot = -1;
+    a.max_n = N;
     return a;
 }
 

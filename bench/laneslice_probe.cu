@@ -163,6 +163,20 @@ __device__ __forceinline__ void finish_cells(const float *stash, float *out, uin
     }
 }
 
+/* The slices in turn (positions 0..3, slices 0, 2, 1, 3): the lane sums
+ * zeroed, round(step) for each of the slice's rounds, then slice_end. */
+template <class Round>
+__device__ __forceinline__ void slices_in_turn(float (&acc)[32][2], float *stash, uint32_t q, Round round) {
+#pragma unroll 1
+    for (uint32_t pos = 0; pos < SLICES; pos++) {
+#pragma unroll
+        for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
+#pragma unroll 2
+        for (uint32_t j = 0; j < ROUNDS; j++) round(pos * ROUNDS + j);
+        slice_end(acc, stash, pos, q);
+    }
+}
+
 /* Slices in turn, operands AHEAD rounds ahead in registers. */
 template <int WM, int WN, bool FUSED, int AHEAD, int MINB>
 __global__ void __launch_bounds__(WM * WN * 32, MINB)
@@ -261,29 +275,21 @@ __global__ void __launch_bounds__(WM * WN * 32, MINB)
     for (int d = 0; d < R - 1; d++) issue(d);
 
     float acc[32][2];
-#pragma unroll 1
-    for (uint32_t pos = 0; pos < SLICES; pos++) {
+    slices_in_turn(acc, my_stash, q, [&](uint32_t step) {
+        __syncwarp(); /* every thread is done with the slot about to be refilled */
+        issue(step + R - 1);
+        cp_wait<R - 1>();
+        __syncwarp(); /* every thread's pieces of this step have landed */
+        const uint32_t *slot = ring + (step % R) * 12 * 32;
+        uint32_t xv[8], wv[4];
+        float wf[4][2];
 #pragma unroll
-        for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
-#pragma unroll 2
-        for (uint32_t j = 0; j < ROUNDS; j++) {
-            const uint32_t step = pos * ROUNDS + j;
-            __syncwarp(); /* every thread is done with the slot about to be refilled */
-            issue(step + R - 1);
-            cp_wait<R - 1>();
-            __syncwarp(); /* every thread's pieces of this step have landed */
-            const uint32_t *slot = ring + (step % R) * 12 * 32;
-            uint32_t xv[8], wv[4];
-            float wf[4][2];
+        for (int i = 0; i < 4; i++) wv[i] = slot[(8 + i) * 32 + q];
+        unpack4(wv, wf);
 #pragma unroll
-            for (int i = 0; i < 4; i++) wv[i] = slot[(8 + i) * 32 + q];
-            unpack4(wv, wf);
-#pragma unroll
-            for (int m = 0; m < 8; m++) xv[m] = slot[m * 32 + q];
-            round_products<FUSED>(acc, xv, wf);
-        }
-        slice_end(acc, my_stash, pos, q);
-    }
+        for (int m = 0; m < 8; m++) xv[m] = slot[m * 32 + q];
+        round_products<FUSED>(acc, xv, wf);
+    });
     finish_cells(my_stash, out, wt.t0, wt.k0, q);
 }
 
@@ -467,38 +473,31 @@ __global__ void __launch_bounds__((WM * WN + P) * 32, 1)
     const uint32_t wm = warp / WN, wn = warp % WN, half = q / 16, qq = q % 16;
     float *my_stash = smem_f + warp * 2 * 32 * 32;
     float acc[32][2];
-#pragma unroll 1
-    for (uint32_t pos = 0; pos < SLICES; pos++) {
+    slices_in_turn(acc, my_stash, q, [&](uint32_t step) {
+        const uint32_t slot = step % R;
+        if (!ALONE) mbar_wait(&full[slot], (step / R) & 1);
+        const float *src = ring + slot * STEP_F + half * 32 + 2 * qq;
+        float2 xf[8], wf[4];
 #pragma unroll
-        for (int c = 0; c < 32; c++) acc[c][0] = acc[c][1] = 0.0f;
-#pragma unroll 2
-        for (uint32_t j = 0; j < ROUNDS; j++) {
-            const uint32_t step = pos * ROUNDS + j, slot = step % R;
-            if (!ALONE) mbar_wait(&full[slot], (step / R) & 1);
-            const float *src = ring + slot * STEP_F + half * 32 + 2 * qq;
-            float2 xf[8], wf[4];
+        for (int m = 0; m < 8; m++) xf[m] = *reinterpret_cast<const float2 *>(src + (wm * 8 + m) * 64);
 #pragma unroll
-            for (int m = 0; m < 8; m++) xf[m] = *reinterpret_cast<const float2 *>(src + (wm * 8 + m) * 64);
+        for (int n = 0; n < 4; n++) wf[n] = *reinterpret_cast<const float2 *>(src + (BMB + wn * 4 + n) * 64);
 #pragma unroll
-            for (int n = 0; n < 4; n++) wf[n] = *reinterpret_cast<const float2 *>(src + (BMB + wn * 4 + n) * 64);
+        for (int m = 0; m < 8; m++)
 #pragma unroll
-            for (int m = 0; m < 8; m++)
-#pragma unroll
-                for (int n = 0; n < 4; n++) {
-                    float(&a)[2] = acc[m * 4 + n];
-                    if (FUSED) {
-                        a[0] = __fmaf_rn(xf[m].x, wf[n].x, a[0]);
-                        a[1] = __fmaf_rn(xf[m].y, wf[n].y, a[1]);
-                    } else {
-                        a[0] = __fadd_rn(a[0], __fmul_rn(xf[m].x, wf[n].x));
-                        a[1] = __fadd_rn(a[1], __fmul_rn(xf[m].y, wf[n].y));
-                    }
+            for (int n = 0; n < 4; n++) {
+                float(&a)[2] = acc[m * 4 + n];
+                if (FUSED) {
+                    a[0] = __fmaf_rn(xf[m].x, wf[n].x, a[0]);
+                    a[1] = __fmaf_rn(xf[m].y, wf[n].y, a[1]);
+                } else {
+                    a[0] = __fadd_rn(a[0], __fmul_rn(xf[m].x, wf[n].x));
+                    a[1] = __fadd_rn(a[1], __fmul_rn(xf[m].y, wf[n].y));
                 }
-            __syncwarp();
-            if (q == 0 && !ALONE) mbar_arrive(&empty[slot]);
-        }
-        slice_end(acc, my_stash, pos, q);
-    }
+            }
+        __syncwarp();
+        if (q == 0 && !ALONE) mbar_arrive(&empty[slot]);
+    });
     finish_cells(my_stash, out, t0 + wm * 8, k0 + wn * 4, q);
 }
 

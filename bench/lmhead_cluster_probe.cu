@@ -50,6 +50,7 @@ extern "C" {
 #include "bench_workload.h"
 #include "cuda_check.h"
 #include "graph_timing.h"
+#include "lmhead_check.h"
 
 namespace cg = cooperative_groups;
 
@@ -196,24 +197,14 @@ static int failures = 0;
 
 static void run(Workload &w, bool f32) {
     const size_t esz = f32 ? 4 : 2, bytes = (size_t)w.T * VOCAB * esz;
+    const uint8_t POISON = 0xA5;
     uint8_t *logits;
     CK(cudaMalloc(&logits, bytes));
-    CK(cudaMemset(logits, 0xA5, bytes));
-    tovl_lmhead_overlay_args a = {};
-    a.logits = (uint64_t)(uintptr_t)logits;
-    a.hidden = w.d_hidden;
-    a.row_slots = w.d_slots;
-    a.rows_table = w.d_rows_table;
-    a.ids_table = w.d_ids_table;
-    a.n_table = w.d_n_table;
-    a.ld = VOCAB;
-    a.T = w.T;
-    a.h = H;
-    a.vocab = VOCAB;
-    a.max_loras = SLOTS;
-    a.active_slot = -1;
-    a.max_n = N;
-    const uint32_t columns = (N + 7) / 8, groups = (w.T + 7) / 8 + std::min<uint32_t>(SLOTS, w.T);
+    CK(cudaMemset(logits, POISON, bytes));
+    const tovl_lmhead_overlay_args a = lmhead_args(w, (uint64_t)(uintptr_t)logits);
+    /* The tile kernels' grid (cuda_geometry.c), one cluster of RANKS blocks per tile. */
+    using C = probe::C;
+    const uint32_t columns = (N + C::BN - 1) / C::BN, groups = (w.T + C::BM - 1) / C::BM + std::min<uint32_t>(SLOTS, w.T);
     const uint32_t blocks = groups * columns * probe::RANKS;
     auto kernel = f32 ? probe::lmhead_cluster<true> : probe::lmhead_cluster<false>;
     launch(kernel, blocks, 0, a);
@@ -221,58 +212,23 @@ static void run(Workload &w, bool f32) {
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out(bytes);
     CK(cudaMemcpy(out.data(), logits, bytes, cudaMemcpyDeviceToHost));
-    size_t bad = 0, cells = 0, stray = 0;
-    std::vector<uint8_t> expect((size_t)w.T * VOCAB, 0);
-    for (uint32_t t = 0; t < w.T; t++) {
-        const int32_t s = w.slots[t];
-        if (s < 0) continue;
-        for (uint32_t k = 0; k < N; k++) {
-            const size_t c = (size_t)t * VOCAB + w.ids[s][k];
-            const float d = tovl_cpu_dot_bf16(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
-            expect[c] = 1;
-            cells++;
-            if (f32) {
-                uint32_t want = tovl_cpu_f32_out_bits(d), got;
-                memcpy(&got, &out[c * 4], 4);
-                bad += got != want;
-            } else {
-                uint16_t want = tovl_f32_to_bf16(d), got;
-                memcpy(&got, &out[c * 2], 2);
-                bad += got != want;
-            }
-        }
-    }
-    for (size_t c = 0; c < expect.size(); c++)
-        if (!expect[c])
-            for (size_t b = 0; b < esz; b++) stray += out[c * esz + b] != 0xA5;
-    if (getenv("TOVL_PROBE_STOP")) bad = stray = 0;
-    failures += bad != 0 || stray != 0;
+    LmheadCheck check = lmhead_check(w, out, f32, POISON);
+    if (getenv("TOVL_PROBE_STOP")) check.bad = check.stray = 0;
+    const bool pass = check.bad == 0 && check.stray == 0;
+    failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { launch(kernel, blocks, st, a); });
     cudaFuncAttributes fa;
     CK(cudaFuncGetAttributes(&fa, kernel));
     printf("cluster lmhead_overlay_%-4s T=%-4u %5zu cells  blocks %5u  %3d regs %3d B local  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, blocks, fa.numRegs, (int)fa.localSizeBytes, us,
-           bad || stray ? "MISMATCH" : "bit-exact");
-    if (bad || stray) printf("  mismatched cells %zu, stray bytes %zu\n", bad, stray);
+           f32 ? "f32" : "bf16", w.T, check.cells, blocks, fa.numRegs, (int)fa.localSizeBytes, us,
+           pass ? "bit-exact" : "MISMATCH");
+    if (!pass) printf("  mismatched cells %zu, stray bytes %zu\n", check.bad, check.stray);
     CK(cudaFree(logits));
 }
 
 int main(int argc, char **argv) {
     std::mt19937_64 rng(bench_start(argc, argv, "lmhead_cluster_probe"));
-    std::vector<uint32_t> sizes = {16u, 32u, 48u, 64u, 96u, 128u};
-    if (const char *list = getenv("TOVL_MB_T")) {
-        sizes.clear();
-        for (const char *p = list; *p;) {
-            char *end;
-            const unsigned long T = strtoul(p, &end, 10);
-            if (end == p || T == 0 || T > 65536) {
-                fprintf(stderr, "TOVL_MB_T: expected sizes like 512,64, got '%s'\n", list);
-                return 2;
-            }
-            sizes.push_back((uint32_t)T);
-            p = *end == ',' ? end + 1 : end;
-        }
-    }
+    const std::vector<uint32_t> sizes = bench_sizes({16u, 32u, 48u, 64u, 96u, 128u});
     if (const char *stop = getenv("TOVL_PROBE_STOP")) {
         const uint32_t v = (uint32_t)atoi(stop);
         CK(cudaMemcpyToSymbol(probe::probe_stop, &v, sizeof v));

@@ -44,6 +44,7 @@ extern "C" {
 #include "bench_workload.h"
 #include "cuda_check.h"
 #include "graph_timing.h"
+#include "lmhead_check.h"
 
 static const size_t GUARD = 4096; /* sentinel bytes each side of an output */
 static const uint8_t POISON = 0xA5, SENTINEL = 0x5C;
@@ -148,53 +149,15 @@ static void bench_lmhead(Workload &w, bool f32) {
     Guarded logits;
     logits.alloc(bytes);
     logits.poison();
-    tovl_lmhead_overlay_args a = {};
-    a.logits = logits.dev();
-    a.hidden = w.d_hidden;
-    a.row_slots = w.d_slots;
-    a.rows_table = w.d_rows_table;
-    a.ids_table = w.d_ids_table;
-    a.n_table = w.d_n_table;
-    a.ld = VOCAB;
-    a.T = w.T;
-    a.h = H;
-    a.vocab = VOCAB;
-    a.max_loras = SLOTS;
-    a.active_slot = -1;
-    a.max_n = N;
+    const tovl_lmhead_overlay_args a = lmhead_args(w, logits.dev());
     const LmLaunch l = lm_launch(a, f32);
     backend_launch(l.fn, l.grid, l.block, 0, a);
     CK(cudaGetLastError());
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> out;
     bool ok = logits.fetch(out);
-    size_t bad = 0, cells = 0, touched = 0;
-    std::vector<uint8_t> expect_cell((size_t)w.T * VOCAB, 0);
-    for (uint32_t t = 0; t < w.T; t++) {
-        const int32_t s = w.slots[t];
-        if (s < 0) continue;
-        for (uint32_t k = 0; k < N; k++) {
-            const uint32_t id = w.ids[s][k];
-            const float d = tovl_cpu_dot_bf16(&w.hidden[(size_t)t * H], &w.rows[s][(size_t)k * H], H);
-            const size_t c = (size_t)t * VOCAB + id;
-            expect_cell[c] = 1;
-            cells++;
-            if (f32) {
-                uint32_t want = tovl_cpu_f32_out_bits(d), got;
-                memcpy(&got, &out[c * 4], 4);
-                bad += got != want;
-            } else {
-                uint16_t want = tovl_f32_to_bf16(d), got;
-                memcpy(&got, &out[c * 2], 2);
-                bad += got != want;
-            }
-        }
-    }
-    for (size_t c = 0; c < expect_cell.size(); c++) {
-        if (expect_cell[c]) continue;
-        for (size_t b = 0; b < esz; b++) touched += out[c * esz + b] != POISON;
-    }
-    const bool pass = ok && bad == 0 && touched == 0;
+    const LmheadCheck check = lmhead_check(w, out, f32, POISON);
+    const bool pass = ok && check.bad == 0 && check.stray == 0;
     failures += !pass;
     const double us = graph_us([&](cudaStream_t st) { backend_launch(l.fn, l.grid, l.block, st, a); });
     /* Row groups the batch has (BM rows of one slot each): with the tiles'
@@ -205,10 +168,10 @@ static void bench_lmhead(Workload &w, bool f32) {
         groups += (n + TOVL_CUDA_LMHEAD_BM - 1) / TOVL_CUDA_LMHEAD_BM;
     }
     printf("lmhead_overlay_%-4s T=%-4u %5zu cells %4u groups  %s  grid %ux%ux%u  %3d regs %3d B local  graph %8.2f us  %s\n",
-           f32 ? "f32" : "bf16", w.T, cells, groups, l.variant, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
+           f32 ? "f32" : "bf16", w.T, check.cells, groups, l.variant, l.grid.x, l.grid.y, l.grid.z, l.regs, l.spill,
            us, pass ? "bit-exact" : "MISMATCH");
     if (!pass)
-        printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", bad, touched, ok ? "intact" : "HIT");
+        printf("  mismatched cells %zu, stray bytes %zu, sentinels %s\n", check.bad, check.stray, ok ? "intact" : "HIT");
     CK(cudaFree(logits.base));
 }
 
@@ -238,20 +201,7 @@ static void bench_embed(Workload &w) {
 int main(int argc, char **argv) {
     std::mt19937_64 rng(bench_start(argc, argv, "lmhead_microbench"));
     /* TOVL_MB_T: other batch sizes, comma-separated (default 512,64). */
-    std::vector<uint32_t> sizes = {512u, 64u};
-    if (const char *list = getenv("TOVL_MB_T")) {
-        sizes.clear();
-        for (const char *p = list; *p;) {
-            char *end;
-            const unsigned long T = strtoul(p, &end, 10);
-            if (end == p || T == 0 || T > 65536) {
-                fprintf(stderr, "TOVL_MB_T: expected sizes like 512,64, got '%s'\n", list);
-                return 2;
-            }
-            sizes.push_back((uint32_t)T);
-            p = *end == ',' ? end + 1 : end;
-        }
-    }
+    const std::vector<uint32_t> sizes = bench_sizes({512u, 64u});
     /* As the backend does when it loads the module: the lm_head kernels let
      * the next launch start early only when their tiles outnumber the SMs. */
     const uint32_t sms = (uint32_t)sm_count();
