@@ -18,7 +18,8 @@ grep -qx '/.gpubuild/' .git/info/exclude 2>/dev/null || echo '/.gpubuild/' >> .g
 # 1. The build, of what is committed (HEAD), in a clean copy so work in
 #    progress never reaches the GPU run; then moved here to be carried. Paths
 #    inside it are absolute; gpu-suite.sh links them back on the GPU machine.
-src=/tmp/tovl-gpu-src
+# One scratch copy per checkout, so two checkouts can prepare at once.
+src=/tmp/tovl-gpu-src-$(printf %s "$PWD" | cksum | cut -d" " -f1)
 rm -rf "$src" && mkdir -p "$src"
 git archive HEAD | tar -x -C "$src"
 cmake -S "$src" -B "$src/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_FUZZERS=OFF
