@@ -65,6 +65,10 @@ typedef struct imp_tt_entry {
 typedef struct imp_adapter_config {
     bool present;            /* adapter_config.json exists */
     bool tt_is_dict;
+    /* peft_type TRAINABLE_TOKENS (PEFT's standalone Trainable Tokens method):
+     * `tt` then holds one entry per module of target_modules, each with the
+     * ids of token_indices, and the tensors lack the "token_adapter." part. */
+    bool standalone;
     imp_tt_entry *tt;        /* trainable_token_indices, one entry per module */
     size_t tt_count;
     bool mts_embed, mts_lmhead;   /* modules_to_save names embed_tokens / lm_head */
@@ -88,6 +92,11 @@ void imp_adapter_config_free(imp_adapter_config *cfg);
 tovl_status imp_adapter_from_parts(const char *dir, const char *config_path, const char *config_text,
                                    size_t config_len, tovl_safetensors *peft, tovl_safetensors *vllm,
                                    tovl_adapter **out);
+
+/* The name of the trainable-tokens tensor PEFT saves for `module`: LoRA's
+ * trainable tokens sit in a "token_adapter", the standalone method's on the
+ * module itself. */
+const char *imp_tt_tensor_name(const imp_adapter_config *c, int module);
 
 /* Internal view of one source: the public description and its tensor. */
 typedef struct imp_source {
