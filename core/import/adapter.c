@@ -24,6 +24,7 @@ struct tovl_adapter {
     size_t source_count;
     /* Per module and kind, an index into sources or -1. */
     int tt[2], mts[2], saved_base[2], vllm_rows[2];
+    const char *lora[2];     /* per module, a LoRA tensor on it (not a token overlay), or NULL */
 };
 
 static const char *module_name(int m) {
@@ -153,6 +154,11 @@ static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
     if (strstr(t->name, "trainable_tokens") != NULL) {
         return tovl_error(TOVL_ERR_FORMAT, "%s: tensor '%s': a trainable-tokens tensor tovl does not know", path,
                           t->name);
+    }
+    const char *lora = strstr(name, ".lora_");
+    int m = lora ? imp_module_of(name, (size_t)(lora - name)) : -1;
+    if (m >= 0 && !a->lora[m]) {
+        a->lora[m] = t->name;
     }
     a->info.other_tensors++;
     return TOVL_OK;
@@ -419,6 +425,7 @@ imp_adapter_view imp_adapter_get_view(const tovl_adapter *a) {
         v.mts[m] = a->mts[m] >= 0 ? &a->sources[a->mts[m]] : NULL;
         v.saved_base[m] = a->saved_base[m] >= 0 ? &a->sources[a->saved_base[m]] : NULL;
         v.vllm[m] = a->vllm_rows[m] >= 0 ? &a->sources[a->vllm_rows[m]] : NULL;
+        v.lora[m] = a->lora[m];
     }
     for (size_t i = 0; i < a->config.tt_count; i++) {
         v.tt_entry[a->config.tt[i].module] = &a->config.tt[i];

@@ -115,6 +115,9 @@ typedef struct imp_adapter_view {
     const imp_source *mts[2];
     const imp_source *saved_base[2];
     const imp_source *vllm[2];
+    /* A LoRA tensor on the module (lora_A, lora_embedding_A, ...), or NULL:
+     * a dense low-rank update of every row, which the engine's LoRA applies. */
+    const char *lora[2];
 } imp_adapter_view;
 imp_adapter_view imp_adapter_get_view(const tovl_adapter *adapter);
 

@@ -628,6 +628,14 @@ tovl_status tovl_adapter_resolve(tovl_backend *backend, const tovl_overlay_kerne
     if (st == TOVL_OK && c.v.vllm[TOVL_MODULE_LMHEAD]) {
         st = add_extra_vocab(&c, &c.lm, c.v.vllm[TOVL_MODULE_LMHEAD]);
     }
+    for (int m = 0; st == TOVL_OK && m < 2; m++) {
+        if (c.v.lora[m]) {
+            /* PEFT adds B.A to every row of the module: not a few rows, so not
+             * a token overlay; the overlay covers only the other tensors. */
+            st = warn(&c, "%s: LoRA on %s is not a token overlay (it updates every row); the engine's LoRA applies "
+                      "it, tovl does not", c.v.lora[m], m == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head");
+        }
+    }
     if (st == TOVL_OK) {
         st = take_result(&c, has_lm, rule, out);
     }
