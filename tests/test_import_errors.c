@@ -65,17 +65,8 @@ static void write_raw_st(const char *rel, const char *header, uint64_t len, size
     free(buf);
 }
 
-/* Expect `st` to be `want` with a detail that names every string in `names`. */
-static void expect_error(tovl_status st, tovl_status want, const char *const *names, const char *what) {
-    cr_expect_eq(st, want, "%s: status %s, wanted %s (detail: %s)", what, tovl_status_str(st), tovl_status_str(want),
-                 tovl_last_error());
-    const char *detail = tovl_last_error();
-    cr_expect(strchr(detail, '\n') == NULL, "%s: the detail is more than one line: %s", what, detail);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(detail, *n) != NULL, "%s: the detail does not name '%s': %s", what, *n, detail);
-    }
-}
-#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define expect_error tu_expect_error
+#define NAMES TU_NAMES
 
 /* ---- safetensors ------------------------------------------------------------ */
 
@@ -753,20 +744,9 @@ static int cli(const char *args, char *err, size_t cap) {
     return tu_run_cli(TOVL_CLI, import_root, args, err, cap);
 }
 
-/* Non-zero exit, exactly one line on stderr, naming each of `names`. */
+/* Exit 2, exactly one line on stderr, naming each of `names`. */
 static void cli_fails(const char *args, const char *const *names) {
-    char err[4096];
-    int rc = cli(args, err, sizeof err);
-    cr_expect_eq(rc, 2, "tovl %s: exit %d, wanted 2 (stderr: %s)", args, rc, err);
-    size_t lines = 0;
-    for (const char *p = err; *p; p++) {
-        lines += *p == '\n';
-    }
-    cr_expect_eq(lines, 1, "tovl %s: %zu lines on stderr, wanted one: %s", args, lines, err);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(err, *n) != NULL, "tovl %s: stderr does not name '%s': %s", args, *n, err);
-    }
-    cr_expect(strstr(err, "Sanitizer") == NULL && strstr(err, "leak") == NULL, "tovl %s: %s", args, err);
+    tu_expect_cli_fails(TOVL_CLI, import_root, args, names);
 }
 
 /* A batch file with `T` ids (all `id`), optional slots and hidden [T, width]. */

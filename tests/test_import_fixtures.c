@@ -884,50 +884,18 @@ Test(mixed, shared_cuda) { mixed_batch("cuda", shared_mix); }
 
 /* ---- adapters PEFT saves that tovl refuses -------------------------------- */
 
-/* A tovl_adapter_resolve failure: `want`, a one-line detail naming each of `names`. */
-static void expect_detail(tovl_status st, tovl_status want, const char *const *names, const char *what) {
-    const char *detail = tovl_last_error();
-    cr_expect_eq(st, want, "%s: status %s, wanted %s (%s)", what, tovl_status_str(st), tovl_status_str(want), detail);
-    cr_expect(strchr(detail, '\n') == NULL, "%s: the detail is more than one line: %s", what, detail);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(detail, *n) != NULL, "%s: the detail does not name '%s': %s", what, *n, detail);
-    }
-}
-#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
-
-/* `tovl ARGS` exits 2 with one line on stderr naming each of `names`. */
-static void expect_cli_refuses(const char *args, const char *const *names) {
-    char cmd[PATH_MAX_LEN * 6], err[PATH_MAX_LEN], msg[4096];
-    snprintf(err, sizeof err, "%s/err.txt", import_root);
-    snprintf(cmd, sizeof cmd, "'%s' %s >/dev/null 2>'%s'", TOVL_CLI, args, err);
-    int rc = run_cmd(cmd);
-    read_small(err, msg, sizeof msg);
-    cr_expect_eq(rc, 2, "tovl %s: exit %d, wanted 2: %s", args, rc, msg);
-    size_t lines = 0;
-    for (const char *p = msg; *p; p++) {
-        lines += *p == '\n';
-    }
-    cr_expect_eq(lines, 1, "tovl %s: %zu lines on stderr: %s", args, lines, msg);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(msg, *n) != NULL, "tovl %s: stderr does not name '%s': %s", args, *n, msg);
-    }
-}
-
 /* PEFT 0.21 saves a standalone adapter targeting both modules of a tied model,
  * then cannot run it (make_token_fixtures.py checks that its forward raises). */
 Test(refused, method_both_tied) {
     const char *dir = TOVL_TOKEN_FIXTURES "/refused/method_both_tied/adapter";
     tovl_adapter *a = (tovl_adapter *)(uintptr_t)1;
-    expect_detail(tovl_adapter_open(dir, &a), TOVL_ERR_UNSUPPORTED,
-                  NAMES("adapter_model.safetensors", "lm_head.base_layer.trainable_tokens_delta", "tied model"),
+    tu_expect_error(tovl_adapter_open(dir, &a), TOVL_ERR_UNSUPPORTED,
+                  TU_NAMES("adapter_model.safetensors", "lm_head.base_layer.trainable_tokens_delta", "tied model"),
                   "method_both_tied");
     cr_expect_null(a);
-    skip_without_cli();
-    import_scratch_setup();
     char args[PATH_MAX_LEN * 2];
     snprintf(args, sizeof args, "inspect '%s' --base '%s/bases/tied'", dir, TOVL_TOKEN_FIXTURES);
-    expect_cli_refuses(args, NAMES("lm_head.base_layer.trainable_tokens_delta", "tied model"));
-    import_scratch_teardown();
+    tu_expect_cli_fails(TOVL_CLI, NULL, args, TU_NAMES("lm_head.base_layer.trainable_tokens_delta", "tied model"));
 }
 
 /* Added tokens need a served vocab that holds them: below it, the ids are
@@ -952,19 +920,19 @@ Test(refused, added_ids_beyond_the_served_vocab) {
         tovl_model *m;
         cr_assert_eq(tovl_model_open(c->base, vocabs[i], &m), TOVL_OK, "%s", tovl_last_error());
         tovl_adapter_rows *rows = (tovl_adapter_rows *)(uintptr_t)1;
-        expect_detail(tovl_adapter_resolve(cpu, &k, a, m, &rows), TOVL_ERR_ID_OUT_OF_RANGE,
-                      NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta", id[i], served[i],
+        tu_expect_error(tovl_adapter_resolve(cpu, &k, a, m, &rows), TOVL_ERR_ID_OUT_OF_RANGE,
+                      TU_NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta", id[i], served[i],
                             "vocab_size is 131"), served[i]);
         cr_expect_null(rows);
         tovl_model_close(m);
     }
     tovl_adapter_close(a);
     tovl_backend_close(cpu);
-    skip_without_cli();
     import_scratch_setup();
     char args[PATH_MAX_LEN * 4];
-    snprintf(args, sizeof args, "run --base '%s' --adapter '%s' --batch '%s' --out '%s/o.safetensors' --vocab 135",
-             c->base, c->adapter, c->expected, import_root);
-    expect_cli_refuses(args, NAMES("trainable_tokens_delta", "id 135", "served vocab 135", "vocab_size is 131"));
+    snprintf(args, sizeof args, "run --base '%s' --adapter '%s' --batch '%s' --out o.safetensors --vocab 135",
+             c->base, c->adapter, c->expected);
+    tu_expect_cli_fails(TOVL_CLI, import_root, args,
+                        TU_NAMES("trainable_tokens_delta", "id 135", "served vocab 135", "vocab_size is 131"));
     import_scratch_teardown();
 }
