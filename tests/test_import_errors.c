@@ -834,7 +834,7 @@ Test(cli_bad, run_trainable_id_beyond_the_served_vocab) {
     char args[256], err[4096];
     snprintf(args, sizeof args, "%s --vocab 100", run);
     cli_fails(args, NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta", "id 100", "served vocab 100",
-                          "vocab_size is 97"));
+                          "vocab_size is 97", "at least 101"));
     cli_fails(run, NAMES("trainable_tokens_delta", "id 100", "served vocab 97", "vocab_size is 97"));
     cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
     snprintf(args, sizeof args, "%s --vocab 101", run);

@@ -267,8 +267,8 @@ static tovl_status add_tokens(ctx *c, part *p, const imp_source *s, uint32_t bas
         if (!base_rows && id >= V) {
             st = tovl_error(TOVL_ERR_ID_OUT_OF_RANGE,
                             "%s: tensor '%s' (field '%s'): id %u >= the served vocab %u (the base model's vocab_size "
-                            "is %u; serve added tokens with a padded vocab above %u)", s->pub.file, s->pub.tensor,
-                            s->pub.config_field, id, V, Vc, id);
+                            "is %u; an added token needs a padded vocabulary of at least %llu)", s->pub.file,
+                            s->pub.tensor, s->pub.config_field, id, V, Vc, (unsigned long long)id + 1);
         } else if (base_rows && id >= base_rows) {
             st = tovl_error(TOVL_ERR_ID_OUT_OF_RANGE,
                             "%s: tensor '%s' (field '%s'): id %u >= the rows of its saved base layer %u", s->pub.file,
