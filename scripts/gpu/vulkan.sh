@@ -78,6 +78,10 @@ for r in vk["results"]:
             print("rowdiff:    %-20s %9.2f us  %.0f GB/s = %.1f%% of vkCmdCopyBuffer's rate (no CUDA here)"
                   % (r["case"], r["graph_us"], r["gbps"], 100 * r["copy_fraction"]))
         continue
+    if r["kernel"].startswith("dispatch_floor_"):
+        print("floor:      %-24s %-14s vulkan %8.2f us  (single %.2f us)" % (r["kernel"], r["case"], r["graph_us"],
+              r["single_us"]))
+        continue
     c = cuda.get((r["kernel"], r["case"]))
     ratio = "ratio %.2f (goal <= 1.5)" % (r["graph_us"] / c["graph_us"]) if c else "cuda n/a"
     print("hook:       %-20s %-18s vulkan %8.2f us  cuda %8s us  %s" % (r["kernel"], r["case"], r["graph_us"],
