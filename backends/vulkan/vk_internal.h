@@ -16,7 +16,7 @@
 
 /* The kernels this backend ships, in the order of the embedded shader table;
  * a kernel handle is its index + 1. The floor probes are for `tovl bench`
- * only (vk_timing.c): an empty shader recorded four ways. */
+ * only (vk_timing.c): an empty shader recorded five ways. */
 enum {
     VK_KERNEL_ROWDIFF,
     VK_KERNEL_EMBED_OVERLAY,
@@ -25,6 +25,7 @@ enum {
     VK_KERNEL_FLOOR_BARE,      /* bound once; dispatch + compute-write -> compute-read barrier */
     VK_KERNEL_FLOOR_BIND,      /* bind + push + dispatch + that barrier, each time */
     VK_KERNEL_FLOOR_CONTRACT,  /* recorded exactly as a hook launch (tovl_vk_record_launch) */
+    VK_KERNEL_FLOOR_NARROW,    /* a hook launch with its barriers narrowed to compute and transfer */
     VK_KERNEL_FLOOR_UNSYNCED,  /* bound once; dispatches with no barrier */
     VK_KERNEL_COUNT
 };

@@ -98,6 +98,7 @@ static const vk_kernel_entry kernels[VK_KERNEL_COUNT] = {
     [VK_KERNEL_FLOOR_BARE] = {"dispatch_floor_bare", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_BIND] = {"dispatch_floor_bind", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_CONTRACT] = {"dispatch_floor_contract", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_NARROW] = {"dispatch_floor_narrow", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_UNSYNCED] = {"dispatch_floor_unsynced", 0, VK_PIPELINE_FLOOR},
 };
 _Static_assert(VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE == 2 &&
@@ -312,8 +313,14 @@ tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel k
         return tovl_error(TOVL_ERR_LAUNCH, "vulkan: floor probe %d: no pipeline or %zu bytes of arguments", k,
                           args_size);
     }
-    const bool every_time = k == VK_KERNEL_FLOOR_BIND;
+    const bool every_time = k == VK_KERNEL_FLOOR_BIND || k == VK_KERNEL_FLOOR_NARROW;
+    const VkPipelineStageFlags producers = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
     for (uint32_t i = 0; i < count; i++) {
+        if (k == VK_KERNEL_FLOOR_NARROW) {
+            /* The contract's two barriers with compute and transfer for "everything". */
+            tovl_vk_barrier(ctx, cmd, producers, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        }
         if (i == 0 || every_time) {
             ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[VK_PIPELINE_FLOOR]);
             if (args_size) {
@@ -322,7 +329,11 @@ tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel k
             }
         }
         ctx->vk.vkCmdDispatch(cmd, 1, 1, 1);
-        if (k != VK_KERNEL_FLOOR_UNSYNCED) {
+        if (k == VK_KERNEL_FLOOR_NARROW) {
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, producers,
+                            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
+                                VK_ACCESS_TRANSFER_WRITE_BIT);
+        } else if (k != VK_KERNEL_FLOOR_UNSYNCED) {
             /* The narrowest barrier between two hooks: shader writes -> shader reads. */
             tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
                             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
