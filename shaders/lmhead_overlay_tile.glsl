@@ -28,9 +28,11 @@
 // stores it. No subgroup operation, so the bits do not depend on the
 // subgroup size.
 //
-// Staging. Two chunk buffers in shared memory and two chunks in registers:
+// Staging. Two chunk buffers in shared memory and four chunks in registers:
 // while chunk c is computed, chunk c + 1 is stored to the other buffer and
-// chunk c + 2 or c + 3 is loading, so a load has two chunks' compute to land.
+// chunks c + 2 .. c + 5 are loading, so a load has four chunks' compute to
+// land (with two, T = 16 .. 64 took 13.7-14.0 us on the H200, latency-bound:
+// docs/PERFORMANCE.md, Vulkan).
 // Each invocation loads one 16-byte vector of a hidden row and one of an
 // overlay row per chunk (BM = BN = 8 rows of 32 vectors).
 #extension GL_EXT_control_flow_attributes : require
@@ -240,46 +242,55 @@ void main() {
         }
     }
 
-    // Chunk 0 in buffer 0, chunk 1 in registers a, chunk 2 in registers b.
-    uvec4 ax = load_vector(x_row, e, h, wide);
-    uvec4 aw = load_vector(w_row, e, h, wide);
-    store_vectors(0u, ax, aw);
-    ax = load_vector(x_row, LANES + e, h, wide);
-    aw = load_vector(w_row, LANES + e, h, wide);
-    uvec4 bx = load_vector(x_row, 2u * LANES + e, h, wide);
-    uvec4 bw = load_vector(w_row, 2u * LANES + e, h, wide);
+    // Chunk 0 in buffer 0, chunks 1..4 in registers r1, r2, r3, r0.
+    uvec4 r0x, r0w, r1x, r1w, r2x, r2w, r3x, r3w;
+    r0x = load_vector(x_row, e, h, wide);
+    r0w = load_vector(w_row, e, h, wide);
+    store_vectors(0u, r0x, r0w);
+    r1x = load_vector(x_row, LANES + e, h, wide);
+    r1w = load_vector(w_row, LANES + e, h, wide);
+    r2x = load_vector(x_row, 2u * LANES + e, h, wide);
+    r2w = load_vector(w_row, 2u * LANES + e, h, wide);
+    r3x = load_vector(x_row, 3u * LANES + e, h, wide);
+    r3w = load_vector(w_row, 3u * LANES + e, h, wide);
+    r0x = load_vector(x_row, 4u * LANES + e, h, wide);
+    r0w = load_vector(w_row, 4u * LANES + e, h, wide);
     barrier();
-    for (uint c = 0u; c < chunks; c += 2u) {
-        // Chunk c, in buffer 0.
-        [[unroll]] for (uint m = 0u; m < BM; m++) {
-            precise float xv = lane_element(pool[m * ROW_WORDS + word], shift);
-            [[unroll]] for (uint q = 0u; q < BN; q++) {
-                precise float wv = lane_element(pool[(BM + q) * ROW_WORDS + word], shift);
-                precise float product = xv * wv;
-                acc[m][q] = acc[m][q] + product;
-            }
-        }
-        store_vectors(1u, ax, aw); // chunk c + 1: buffer 1 was last read before the previous barrier
-        ax = load_vector(x_row, (c + 3u) * LANES + e, h, wide);
-        aw = load_vector(w_row, (c + 3u) * LANES + e, h, wide);
-        barrier();
+    // Step j of four: compute chunk c + j from buffer (j % 2); store chunk
+    // c + j + 1 (in registers RX, RW) to the other buffer, whose readers were
+    // done at the previous barrier; load chunk c + j + 5 into RX, RW.
+#define TILE_STEP(j, RX, RW)                                                                         \
+    {                                                                                                \
+        uint read_at = (j % 2u) * STAGE_WORDS;                                                       \
+        [[unroll]] for (uint m = 0u; m < BM; m++) {                                                  \
+            precise float xv = lane_element(pool[read_at + m * ROW_WORDS + word], shift);            \
+            [[unroll]] for (uint q = 0u; q < BN; q++) {                                              \
+                precise float wv = lane_element(pool[read_at + (BM + q) * ROW_WORDS + word], shift); \
+                precise float product = xv * wv;                                                     \
+                acc[m][q] = acc[m][q] + product;                                                     \
+            }                                                                                        \
+        }                                                                                            \
+        store_vectors(1u - j % 2u, RX, RW);                                                          \
+        RX = load_vector(x_row, (c + j + 5u) * LANES + e, h, wide);                                  \
+        RW = load_vector(w_row, (c + j + 5u) * LANES + e, h, wide);                                  \
+        barrier();                                                                                   \
+    }
+    for (uint c = 0u; c < chunks; c += 4u) {
+        TILE_STEP(0u, r1x, r1w)
         if (c + 1u >= chunks) {
             break; // uniform
         }
-        // Chunk c + 1, in buffer 1.
-        [[unroll]] for (uint m = 0u; m < BM; m++) {
-            precise float xv = lane_element(pool[STAGE_WORDS + m * ROW_WORDS + word], shift);
-            [[unroll]] for (uint q = 0u; q < BN; q++) {
-                precise float wv = lane_element(pool[STAGE_WORDS + (BM + q) * ROW_WORDS + word], shift);
-                precise float product = xv * wv;
-                acc[m][q] = acc[m][q] + product;
-            }
+        TILE_STEP(1u, r2x, r2w)
+        if (c + 2u >= chunks) {
+            break;
         }
-        store_vectors(0u, bx, bw); // chunk c + 2
-        bx = load_vector(x_row, (c + 4u) * LANES + e, h, wide);
-        bw = load_vector(w_row, (c + 4u) * LANES + e, h, wide);
-        barrier();
+        TILE_STEP(2u, r3x, r3w)
+        if (c + 3u >= chunks) {
+            break;
+        }
+        TILE_STEP(3u, r0x, r0w)
     }
+#undef TILE_STEP
 
     // The tree of the spec, 16 cells a round: rows 2r and 2r + 1 of the tile.
     uint fold_cell = tid / 16u, fold_lane = tid % 16u;

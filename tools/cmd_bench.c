@@ -23,8 +23,8 @@
  * offers them (Vulkan), the dispatch_floor_* probes: an empty kernel recorded
  * `batch` times with the narrowest barrier between hooks (bare), with a
  * pipeline bind and push constants each time (bind), exactly as a hook launch
- * (contract), as one with its barriers narrowed to the compute and transfer
- * stages (narrow), and with no barrier at all (unsynced).
+ * (contract), as one with ALL_COMMANDS in its barriers (all_commands), and
+ * with no barrier at all (unsynced).
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -43,7 +43,7 @@
 
 /* The floor probes a backend may offer (see the top of this file). */
 static const char *const floor_probes[] = {"dispatch_floor_bare", "dispatch_floor_bind", "dispatch_floor_contract",
-                                           "dispatch_floor_narrow", "dispatch_floor_unsynced"};
+                                           "dispatch_floor_all_commands", "dispatch_floor_unsynced"};
 #define BENCH_FLOOR_ROWS (1 + sizeof floor_probes / sizeof floor_probes[0]) /* the idle embed, the probes */
 
 typedef struct bench_options {

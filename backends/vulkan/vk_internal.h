@@ -25,7 +25,7 @@ enum {
     VK_KERNEL_FLOOR_BARE,      /* bound once; dispatch + compute-write -> compute-read barrier */
     VK_KERNEL_FLOOR_BIND,      /* bind + push + dispatch + that barrier, each time */
     VK_KERNEL_FLOOR_CONTRACT,  /* recorded exactly as a hook launch (tovl_vk_record_launch) */
-    VK_KERNEL_FLOOR_NARROW,    /* a hook launch with its barriers narrowed to compute and transfer */
+    VK_KERNEL_FLOOR_ALL_COMMANDS, /* a hook launch with ALL_COMMANDS barriers before and after */
     VK_KERNEL_FLOOR_UNSYNCED,  /* bound once; dispatches with no barrier */
     VK_KERNEL_COUNT
 };

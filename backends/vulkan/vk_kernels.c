@@ -98,7 +98,7 @@ static const vk_kernel_entry kernels[VK_KERNEL_COUNT] = {
     [VK_KERNEL_FLOOR_BARE] = {"dispatch_floor_bare", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_BIND] = {"dispatch_floor_bind", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_CONTRACT] = {"dispatch_floor_contract", 0, VK_PIPELINE_FLOOR},
-    [VK_KERNEL_FLOOR_NARROW] = {"dispatch_floor_narrow", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_ALL_COMMANDS] = {"dispatch_floor_all_commands", 0, VK_PIPELINE_FLOOR},
     [VK_KERNEL_FLOOR_UNSYNCED] = {"dispatch_floor_unsynced", 0, VK_PIPELINE_FLOOR},
 };
 _Static_assert(VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE == 2 &&
@@ -197,8 +197,11 @@ tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
     return 0;
 }
 
-/* The lm_head tiles take over from the rows at this batch size (AUTO). */
-#define VK_LMHEAD_TILE_MIN_T 16
+/* The lm_head tiles take over from the rows at this batch size (AUTO): on
+ * the H200 with 8 slots x 64 rows the rows took 9.6, 10.7 and 16.3 us at
+ * T = 16, 32 and 64, the tiles 13.7, 13.9 and 14.0 (docs/PERFORMANCE.md,
+ * Vulkan). */
+#define VK_LMHEAD_TILE_MIN_T 48
 #define TOVL_STR_(x) #x
 #define TOVL_STR(x) TOVL_STR_(x)
 
@@ -257,17 +260,28 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
     return TOVL_OK;
 }
 
-/* Whatever wrote the inputs before (the engine's gather or lm_head, a copy)
- * is visible to the kernel. */
+/* The hooks' barriers cover the compute-shader and transfer stages, where an
+ * engine's producers and consumers of hidden states and logits run. With
+ * ALL_COMMANDS on either side an empty dispatch took 4.03 us on the H200's
+ * driver, 1.38 us with these, 1.36 us with one compute -> compute barrier
+ * (docs/PERFORMANCE.md, Vulkan: the per-dispatch floor). */
+#define VK_HOOK_STAGES (VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT)
+#define VK_HOOK_ACCESS                                                                                         \
+    (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | \
+     VK_ACCESS_TRANSFER_WRITE_BIT)
+
+/* What compute shaders and transfers wrote before (the engine's gather or
+ * lm_head, a copy) is visible to the kernel. */
 static void barrier_before(const vk_ctx *ctx, VkCommandBuffer cmd) {
-    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+    tovl_vk_barrier(ctx, cmd, VK_HOOK_STAGES, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
 }
 
-/* The kernel's writes are visible to whatever the caller records next. */
+/* The kernel's writes are visible to the compute shaders and transfers the
+ * caller records next. */
 static void barrier_after(const vk_ctx *ctx, VkCommandBuffer cmd) {
-    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                    VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
+    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_HOOK_STAGES,
+                    VK_HOOK_ACCESS);
 }
 
 tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, const uint32_t grid[3],
@@ -313,12 +327,11 @@ tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel k
         return tovl_error(TOVL_ERR_LAUNCH, "vulkan: floor probe %d: no pipeline or %zu bytes of arguments", k,
                           args_size);
     }
-    const bool every_time = k == VK_KERNEL_FLOOR_BIND || k == VK_KERNEL_FLOOR_NARROW;
-    const VkPipelineStageFlags producers = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+    const bool every_time = k == VK_KERNEL_FLOOR_BIND || k == VK_KERNEL_FLOOR_ALL_COMMANDS;
     for (uint32_t i = 0; i < count; i++) {
-        if (k == VK_KERNEL_FLOOR_NARROW) {
-            /* The contract's two barriers with compute and transfer for "everything". */
-            tovl_vk_barrier(ctx, cmd, producers, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+        if (k == VK_KERNEL_FLOOR_ALL_COMMANDS) {
+            /* The hooks' two barriers with ALL_COMMANDS for "before" and "after". */
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
                             VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
         }
         if (i == 0 || every_time) {
@@ -329,10 +342,9 @@ tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel k
             }
         }
         ctx->vk.vkCmdDispatch(cmd, 1, 1, 1);
-        if (k == VK_KERNEL_FLOOR_NARROW) {
-            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, producers,
-                            VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT |
-                                VK_ACCESS_TRANSFER_WRITE_BIT);
+        if (k == VK_KERNEL_FLOOR_ALL_COMMANDS) {
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                            VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
         } else if (k != VK_KERNEL_FLOOR_UNSYNCED) {
             /* The narrowest barrier between two hooks: shader writes -> shader reads. */
             tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
