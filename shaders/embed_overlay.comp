@@ -17,18 +17,18 @@ void main() {
     // The loads go out in three rounds of independent reads (the row's id
     // and slot; the slot's table cells; the slot map's cell) rather than
     // one after another: each round is a trip to memory before the copy.
-    uint id = U32Buf(args.token_ids).v[t];
+    uint id = U32In(args.token_ids).v[t];
     int s = row_slot(args.token_slots, args.active_slot, t);
     if (!slot_valid(s, args.max_loras)) {
         return;
     }
-    uint64_t slot_map = U64Buf(args.slot_map_table).v[s];
-    uint n = U32Buf(args.n_table).v[s];
-    uint64_t rows = U64Buf(args.rows_table).v[s];
+    uint64_t slot_map = U64In(args.slot_map_table).v[s];
+    uint n = U32In(args.n_table).v[s];
+    uint64_t rows = U64In(args.rows_table).v[s];
     if (slot_map == uint64_t(0) || id >= args.vocab) {
         return;
     }
-    int j = I32Buf(slot_map).v[id];
+    int j = I32In(slot_map).v[id];
     if (j < 0 || uint(j) >= n) {
         return;
     }
@@ -37,7 +37,7 @@ void main() {
     uint64_t dst = element_address(args.hidden, uint64_t(t) * uint64_t(h), 2u);
     uint tid = gl_LocalInvocationIndex;
     if ((h & 7u) == 0u && is_aligned16(src) && is_aligned16(dst)) {
-        U16x8Buf from = U16x8Buf(src);
+        U16x8In from = U16x8In(src);
         U16x8Buf to = U16x8Buf(dst);
         uint n8 = h / 8u;
         // Two 16-byte loads in flight before their stores (the views may
@@ -52,7 +52,7 @@ void main() {
             }
         }
     } else {
-        U16Buf from = U16Buf(src);
+        U16In from = U16In(src);
         U16Buf to = U16Buf(dst);
         for (uint i = tid; i < h; i += 256u) {
             to.v[i] = from.v[i];

@@ -88,13 +88,13 @@ uint inclusive_sum(uint v, out uint total) {
 
 // Overlay rows of slot s the kernel computes: n[s], at most max_n.
 uint rows_of(uint s) {
-    return min(U32Buf(args.n_table).v[s], args.max_n);
+    return min(U32In(args.n_table).v[s], args.max_n);
 }
 
 // Two bf16 elements (first, first + 1) of a row as one packed word; elements
 // at or past h read as +0.
 uint load_pair(uint64_t row, uint first, uint h) {
-    U16Buf r = U16Buf(row);
+    U16In r = U16In(row);
     uint lo = first < h ? uint(r.v[first]) : 0u;
     uint hi = first + 1u < h ? uint(r.v[first + 1u]) : 0u;
     return lo | (hi << 16);
@@ -106,7 +106,7 @@ uvec4 load_vector(uint64_t row, uint e, uint h, bool wide) {
         return uvec4(0u);
     }
     if (wide) {
-        return U16x8Buf(row).v[e / 8u]; // h % 8 == 0, so e + 8 <= h
+        return U16x8In(row).v[e / 8u]; // h % 8 == 0, so e + 8 <= h
     }
     return uvec4(load_pair(row, e, h), load_pair(row, e + 2u, h), load_pair(row, e + 4u, h),
                  load_pair(row, e + 6u, h));
@@ -219,14 +219,14 @@ void main() {
 
     uint h = args.h;
     uint n = rows_of(s);
-    uint64_t rows_base = U64Buf(args.rows_table).v[s];
+    uint64_t rows_base = U64In(args.rows_table).v[s];
     uint kw = k0 + tid / ROW_VECS;
     uint64_t x_row = my_t != NO_ROW ? element_address(args.hidden, uint64_t(my_t) * uint64_t(h), 2u) : uint64_t(0);
     uint64_t w_row = kw < n ? element_address(rows_base, uint64_t(kw) * uint64_t(h), 2u) : uint64_t(0);
     uint kn = k0 + tid % ROW_VECS; // the storing invocations' overlay row (tid % 32 < BN)
     uint id = NO_ROW;
     if (tid % ROW_VECS < BN && kn < n) {
-        id = U32Buf(U64Buf(args.ids_table).v[s]).v[kn];
+        id = U32In(U64In(args.ids_table).v[s]).v[kn];
     }
     // Every row start is 16-byte aligned when h is a multiple of 8 and both bases are.
     bool wide = (h & 7u) == 0u && is_aligned16(args.hidden) && is_aligned16(rows_base);
