@@ -28,11 +28,12 @@
 // stores it. No subgroup operation, so the bits do not depend on the
 // subgroup size.
 //
-// Staging. Two chunk buffers in shared memory and four chunks in registers:
+// Staging. Two chunk buffers in shared memory and two chunks in registers:
 // while chunk c is computed, chunk c + 1 is stored to the other buffer and
-// chunks c + 2 .. c + 5 are loading, so a load has four chunks' compute to
-// land (with two, T = 16 .. 64 took 13.7-14.0 us on the H200, latency-bound:
-// docs/PERFORMANCE.md, Vulkan).
+// chunk c + 2 or c + 3 is loading, so a load has two chunks' compute to land.
+// (Four chunks in registers took T = 512 to 42.4 us on the H200 and T = 64 to
+// 12.0, where two took 32.2 and 14.0 with barriers that cost 2.8 us more a
+// dispatch: docs/PERFORMANCE.md, Vulkan.)
 // Each invocation loads one 16-byte vector of a hidden row and one of an
 // overlay row per chunk (BM = BN = 8 rows of 32 vectors).
 #extension GL_EXT_control_flow_attributes : require
@@ -88,13 +89,13 @@ uint inclusive_sum(uint v, out uint total) {
 
 // Overlay rows of slot s the kernel computes: n[s], at most max_n.
 uint rows_of(uint s) {
-    return min(U32In(args.n_table).v[s], args.max_n);
+    return min(U32Buf(args.n_table).v[s], args.max_n);
 }
 
 // Two bf16 elements (first, first + 1) of a row as one packed word; elements
 // at or past h read as +0.
 uint load_pair(uint64_t row, uint first, uint h) {
-    U16In r = U16In(row);
+    U16Buf r = U16Buf(row);
     uint lo = first < h ? uint(r.v[first]) : 0u;
     uint hi = first + 1u < h ? uint(r.v[first + 1u]) : 0u;
     return lo | (hi << 16);
@@ -106,7 +107,7 @@ uvec4 load_vector(uint64_t row, uint e, uint h, bool wide) {
         return uvec4(0u);
     }
     if (wide) {
-        return U16x8In(row).v[e / 8u]; // h % 8 == 0, so e + 8 <= h
+        return U16x8Buf(row).v[e / 8u]; // h % 8 == 0, so e + 8 <= h
     }
     return uvec4(load_pair(row, e, h), load_pair(row, e + 2u, h), load_pair(row, e + 4u, h),
                  load_pair(row, e + 6u, h));
@@ -219,14 +220,14 @@ void main() {
 
     uint h = args.h;
     uint n = rows_of(s);
-    uint64_t rows_base = U64In(args.rows_table).v[s];
+    uint64_t rows_base = U64Buf(args.rows_table).v[s];
     uint kw = k0 + tid / ROW_VECS;
     uint64_t x_row = my_t != NO_ROW ? element_address(args.hidden, uint64_t(my_t) * uint64_t(h), 2u) : uint64_t(0);
     uint64_t w_row = kw < n ? element_address(rows_base, uint64_t(kw) * uint64_t(h), 2u) : uint64_t(0);
     uint kn = k0 + tid % ROW_VECS; // the storing invocations' overlay row (tid % 32 < BN)
     uint id = NO_ROW;
     if (tid % ROW_VECS < BN && kn < n) {
-        id = U32In(U64In(args.ids_table).v[s]).v[kn];
+        id = U32Buf(U64Buf(args.ids_table).v[s]).v[kn];
     }
     // Every row start is 16-byte aligned when h is a multiple of 8 and both bases are.
     bool wide = (h & 7u) == 0u && is_aligned16(args.hidden) && is_aligned16(rows_base);
@@ -242,55 +243,46 @@ void main() {
         }
     }
 
-    // Chunk 0 in buffer 0, chunks 1..4 in registers r1, r2, r3, r0.
-    uvec4 r0x, r0w, r1x, r1w, r2x, r2w, r3x, r3w;
-    r0x = load_vector(x_row, e, h, wide);
-    r0w = load_vector(w_row, e, h, wide);
-    store_vectors(0u, r0x, r0w);
-    r1x = load_vector(x_row, LANES + e, h, wide);
-    r1w = load_vector(w_row, LANES + e, h, wide);
-    r2x = load_vector(x_row, 2u * LANES + e, h, wide);
-    r2w = load_vector(w_row, 2u * LANES + e, h, wide);
-    r3x = load_vector(x_row, 3u * LANES + e, h, wide);
-    r3w = load_vector(w_row, 3u * LANES + e, h, wide);
-    r0x = load_vector(x_row, 4u * LANES + e, h, wide);
-    r0w = load_vector(w_row, 4u * LANES + e, h, wide);
+    // Chunk 0 in buffer 0, chunk 1 in registers a, chunk 2 in registers b.
+    uvec4 ax = load_vector(x_row, e, h, wide);
+    uvec4 aw = load_vector(w_row, e, h, wide);
+    store_vectors(0u, ax, aw);
+    ax = load_vector(x_row, LANES + e, h, wide);
+    aw = load_vector(w_row, LANES + e, h, wide);
+    uvec4 bx = load_vector(x_row, 2u * LANES + e, h, wide);
+    uvec4 bw = load_vector(w_row, 2u * LANES + e, h, wide);
     barrier();
-    // Step j of four: compute chunk c + j from buffer (j % 2); store chunk
-    // c + j + 1 (in registers RX, RW) to the other buffer, whose readers were
-    // done at the previous barrier; load chunk c + j + 5 into RX, RW.
-#define TILE_STEP(j, RX, RW)                                                                         \
-    {                                                                                                \
-        uint read_at = (j % 2u) * STAGE_WORDS;                                                       \
-        [[unroll]] for (uint m = 0u; m < BM; m++) {                                                  \
-            precise float xv = lane_element(pool[read_at + m * ROW_WORDS + word], shift);            \
-            [[unroll]] for (uint q = 0u; q < BN; q++) {                                              \
-                precise float wv = lane_element(pool[read_at + (BM + q) * ROW_WORDS + word], shift); \
-                precise float product = xv * wv;                                                     \
-                acc[m][q] = acc[m][q] + product;                                                     \
-            }                                                                                        \
-        }                                                                                            \
-        store_vectors(1u - j % 2u, RX, RW);                                                          \
-        RX = load_vector(x_row, (c + j + 5u) * LANES + e, h, wide);                                  \
-        RW = load_vector(w_row, (c + j + 5u) * LANES + e, h, wide);                                  \
-        barrier();                                                                                   \
-    }
-    for (uint c = 0u; c < chunks; c += 4u) {
-        TILE_STEP(0u, r1x, r1w)
+    for (uint c = 0u; c < chunks; c += 2u) {
+        // Chunk c, in buffer 0.
+        [[unroll]] for (uint m = 0u; m < BM; m++) {
+            precise float xv = lane_element(pool[m * ROW_WORDS + word], shift);
+            [[unroll]] for (uint q = 0u; q < BN; q++) {
+                precise float wv = lane_element(pool[(BM + q) * ROW_WORDS + word], shift);
+                precise float product = xv * wv;
+                acc[m][q] = acc[m][q] + product;
+            }
+        }
+        store_vectors(1u, ax, aw); // chunk c + 1: buffer 1 was last read before the previous barrier
+        ax = load_vector(x_row, (c + 3u) * LANES + e, h, wide);
+        aw = load_vector(w_row, (c + 3u) * LANES + e, h, wide);
+        barrier();
         if (c + 1u >= chunks) {
             break; // uniform
         }
-        TILE_STEP(1u, r2x, r2w)
-        if (c + 2u >= chunks) {
-            break;
+        // Chunk c + 1, in buffer 1.
+        [[unroll]] for (uint m = 0u; m < BM; m++) {
+            precise float xv = lane_element(pool[STAGE_WORDS + m * ROW_WORDS + word], shift);
+            [[unroll]] for (uint q = 0u; q < BN; q++) {
+                precise float wv = lane_element(pool[STAGE_WORDS + (BM + q) * ROW_WORDS + word], shift);
+                precise float product = xv * wv;
+                acc[m][q] = acc[m][q] + product;
+            }
         }
-        TILE_STEP(2u, r3x, r3w)
-        if (c + 3u >= chunks) {
-            break;
-        }
-        TILE_STEP(3u, r0x, r0w)
+        store_vectors(0u, bx, bw); // chunk c + 2
+        bx = load_vector(x_row, (c + 4u) * LANES + e, h, wide);
+        bw = load_vector(w_row, (c + 4u) * LANES + e, h, wide);
+        barrier();
     }
-#undef TILE_STEP
 
     // The tree of the spec, 16 cells a round: rows 2r and 2r + 1 of the tile.
     uint fold_cell = tid / 16u, fold_lane = tid % 16u;

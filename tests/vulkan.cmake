@@ -30,7 +30,7 @@ set_tests_properties(test_vulkan_conform PROPERTIES TIMEOUT 900 ENVIRONMENT "TOV
 set_tests_properties(test_vulkan_conform_subgroup4 PROPERTIES TIMEOUT 900
   ENVIRONMENT "TOVL_VULKAN_VALIDATION=1;LP_NATIVE_VECTOR_WIDTH=128;TOVL_EXPECT_LAVAPIPE_SUBGROUP=4")
 
-# The lm_head variants forced (by default the row variant runs below T = 16
+# The lm_head variants forced (by default the row variant runs below T = 56
 # and the tiles from it): the tiles at subgroup size 8, the rows at 4.
 add_test(NAME test_vulkan_conform_tiles COMMAND test_vulkan_conform --short-filename)
 add_test(NAME test_vulkan_conform_rows_subgroup4 COMMAND test_vulkan_conform --short-filename)

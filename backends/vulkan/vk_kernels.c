@@ -197,11 +197,12 @@ tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
     return 0;
 }
 
-/* The lm_head tiles take over from the rows at this batch size (AUTO): on
- * the H200 with 8 slots x 64 rows the rows took 9.6, 10.7 and 16.3 us at
- * T = 16, 32 and 64, the tiles 13.7, 13.9 and 14.0 (docs/PERFORMANCE.md,
- * Vulkan). */
-#define VK_LMHEAD_TILE_MIN_T 48
+/* The lm_head tiles take over from the rows at this batch size (AUTO). On
+ * the H200 with 8 slots x 64 rows, with the ALL_COMMANDS barriers of before
+ * (2.8 us more a dispatch), the rows took 9.6, 10.7, 16.3 us at T = 16, 32,
+ * 64 and the tiles 13.7, 13.9, 14.0; with today's barriers the rows took 6.8,
+ * 7.9, 9.1 us at T = 16, 32, 48 (docs/PERFORMANCE.md, Vulkan). */
+#define VK_LMHEAD_TILE_MIN_T 56
 #define TOVL_STR_(x) #x
 #define TOVL_STR(x) TOVL_STR_(x)
 
