@@ -263,8 +263,8 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
 
 /* The hooks' barriers cover the compute-shader and transfer stages, where an
  * engine's producers and consumers of hidden states and logits run. With
- * ALL_COMMANDS on either side an empty dispatch took 4.03 us on the H200's
- * driver, 1.38 us with these, 1.36 us with one compute -> compute barrier
+ * ALL_COMMANDS on either side an empty dispatch took 4.47 us on the H200's
+ * driver, 1.70 us with these, 1.69 us with one compute -> compute barrier
  * (docs/PERFORMANCE.md, Vulkan: the per-dispatch floor). */
 #define VK_HOOK_STAGES (VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT)
 #define VK_HOOK_ACCESS                                                                                         \
