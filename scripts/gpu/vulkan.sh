@@ -6,7 +6,8 @@
 #   1. the Vulkan CTest tests (conformance bit-exact, wrapped-device hooks),
 #      with the validation layer when it loads here;
 #   2. tovl conform --backend vulkan, without and with the validation layer;
-#   3. `tovl bench` on vulkan and, for the 1.5x comparison, on cuda.
+#   3. `tovl bench` on vulkan and, for the 1.5x comparison, on cuda, at T = 1, 8,
+#      64 and 512 (TOVL_BENCH_ARGS replaces that), with the per-dispatch floor.
 # Logs go to $OUT (default /tmp/tovl-gpu-out/vulkan); a summary prints last.
 set -uo pipefail
 part=vulkan step_tail=15 step_skip_ok=1   # the Vulkan part judges its tests by status only
@@ -49,9 +50,9 @@ fi
 # The benchmark: `tovl bench` on vulkan and, for the 1.5x comparison, on cuda
 # in the same run (graph us = 100 launches recorded once; Vulkan: one command
 # buffer between timestamps).
-step bench-vulkan "$tovl" bench --backend vulkan --seed "$seed" --json "$out/bench-vulkan.json" ${TOVL_BENCH_ARGS:-}
+step bench-vulkan "$tovl" bench --backend vulkan --seed "$seed" --json "$out/bench-vulkan.json" ${TOVL_BENCH_ARGS:---tokens 1,8,64,512}
 if grep -q '^cuda  *present' "$out/devices.log"; then
-  step bench-cuda "$tovl" bench --backend cuda --seed "$seed" --json "$out/bench-cuda.json" ${TOVL_BENCH_ARGS:-}
+  step bench-cuda "$tovl" bench --backend cuda --seed "$seed" --json "$out/bench-cuda.json" ${TOVL_BENCH_ARGS:---tokens 1,8,64,512}
 fi
 {
   echo "device:     $(sed -n 's/^vulkan  *present: //p' "$out/devices.log")"
