@@ -17,6 +17,14 @@
  * lm_head hooks at T = 512 and T = 64 (--tokens: other batch sizes), h = 4096,
  * 8 slots x 64 overlay rows, vocab 152064, a mixed batch (each row's slot
  * random, 1 in 16 none; half the embed ids overlaid).
+ *
+ * The per-dispatch floor: an idle embed launch (T = 1, its slot -1, so the
+ * kernel reads one word and returns) on every backend, and, where a backend
+ * offers them (Vulkan), the dispatch_floor_* probes: an empty kernel recorded
+ * `batch` times with the narrowest barrier between hooks (bare), with a
+ * pipeline bind and push constants each time (bind), exactly as a hook launch
+ * (contract), as one with ALL_COMMANDS in its barriers (all_commands), and
+ * with no barrier at all (unsynced).
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -33,6 +41,11 @@
 /* The largest T --tokens takes: logits of T x vocab f32 are 0.6 GB per 1024 rows. */
 #define BENCH_MAX_T 65536u
 
+/* The floor probes a backend may offer (see the top of this file). */
+static const char *const floor_probes[] = {"dispatch_floor_bare", "dispatch_floor_bind", "dispatch_floor_contract",
+                                           "dispatch_floor_all_commands", "dispatch_floor_unsynced"};
+#define BENCH_FLOOR_ROWS (1 + sizeof floor_probes / sizeof floor_probes[0]) /* the idle embed, the probes */
+
 typedef struct bench_options {
     const char *backend, *json;
     uint64_t seed;
@@ -40,6 +53,7 @@ typedef struct bench_options {
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
     uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
     uint32_t n_tokens;
+    bool hooks_only; /* --hooks-only: no copy bandwidth, no rowdiff */
 } bench_options;
 
 typedef struct bench_row {
@@ -56,7 +70,7 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    bench_row rows[1 + 3 * BENCH_MAX_SIZES]; /* rowdiff, then 3 hooks per size */
+    bench_row rows[1 + BENCH_FLOOR_ROWS + 3 * BENCH_MAX_SIZES]; /* rowdiff, the floor, then 3 hooks per size */
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
@@ -65,13 +79,14 @@ typedef struct bench_run {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--quick]\n\n"
+            "                  [--tokens T[,T...]] [--quick] [--hooks-only]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
-            "each 1 .. %u). --quick: small sizes, for a smoke run.\n"
+            "each 1 .. %u). --quick: small sizes, for a smoke run. --hooks-only: the floor and the\n"
+            "hooks only (no copy bandwidth, no rowdiff).\n"
             "Backends without a clock on the device (cpu) are refused.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T);
 }
@@ -278,6 +293,36 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, c
     return st;
 }
 
+/* The per-dispatch floor: the idle embed launch, then the backend's probes. */
+static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
+    const bench_options *o = run->opt;
+    const int32_t no_slot = -1;
+    const uint32_t id = 0;
+    tovl_devptr d_slot = 0, d_id = 0, hidden = 0;
+    tovl_status st = upload_new(run->be, &no_slot, sizeof no_slot, &d_slot);
+    if (st == TOVL_OK) st = upload_new(run->be, &id, sizeof id, &d_id);
+    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden);
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+    if (st == TOVL_OK) {
+        tovl_embed_overlay_args e = {hidden, d_id, d_slot, tab.embed_slot_map_table, tab.embed_rows_table,
+                                     tab.embed_n_table, 1, o->h, o->vocab, o->slots, -1, 0};
+        st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, "idle T=1 slot -1",
+                      (uint32_t[3]){1, 1, 1}, &e, sizeof e, 0.0, 0.0);
+    }
+    const tovl_lmhead_overlay_args pushed = {0}; /* the probes push the largest argument struct */
+    for (size_t i = 0; i < sizeof floor_probes / sizeof floor_probes[0] && st == TOVL_OK; i++) {
+        const tovl_kernel probe = tovl_try_kernel(run->be, floor_probes[i]);
+        if (probe) {
+            st = time_one(run, floor_probes[i], probe, "empty shader", (uint32_t[3]){1, 1, 1}, &pushed,
+                          sizeof pushed, 0.0, 0.0);
+        }
+    }
+    tovl_free(run->be, d_slot);
+    tovl_free(run->be, d_id);
+    tovl_free(run->be, hidden);
+    return st;
+}
+
 static tovl_status bench_hooks(bench_run *run) {
     uint32_t *embed_ids = malloc((size_t)run->opt->slots * run->opt->rows_per_slot * sizeof *embed_ids);
     if (!embed_ids) {
@@ -285,6 +330,7 @@ static tovl_status bench_hooks(bench_run *run) {
     }
     tovl_token_overlay_set *set = NULL;
     tovl_status st = build_set(run, embed_ids, &set);
+    if (st == TOVL_OK) st = bench_floor(run, set);
     for (uint32_t i = 0; i < run->opt->n_tokens && st == TOVL_OK; i++) {
         st = bench_hooks_at(run, set, embed_ids, run->opt->tokens[i]);
     }
@@ -318,7 +364,7 @@ static void print_table(const bench_run *run) {
     if (run->copy_gbps > 0) {
         printf("\ndevice copy bandwidth: %.1f GB/s (read + written)\n", run->copy_gbps);
     } else {
-        printf("\ndevice copy bandwidth: not measured (the backend has no copy_bandwidth)\n");
+        printf("\ndevice copy bandwidth: not measured (--hooks-only, or the backend has no copy_bandwidth)\n");
     }
 }
 
@@ -406,6 +452,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"quick", no_argument, NULL, 'q'},
+                                         {"hooks-only", no_argument, NULL, 'H'},
                                          {"tokens", required_argument, NULL, 't'},
                                          {"backend", required_argument, NULL, 'k'},
                                          {"json", required_argument, NULL, 'j'},
@@ -420,6 +467,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         if (c == 'h') {
             usage(stdout);
             return 0;
+        } else if (c == 'H') {
+            o->hooks_only = true;
         } else if (c == 'q') {
             quick = true; /* its batch sizes unless --tokens gives them */
             o->batch = 4;
@@ -491,7 +540,7 @@ int tovl_cmd_bench(int argc, char **argv) {
         printf("programmatic dependent launch: %s\n", run.pdl);
     }
     fflush(stdout);
-    tovl_status st = bench_rowdiff(&run);
+    tovl_status st = o.hooks_only ? TOVL_OK : bench_rowdiff(&run);
     if (st == TOVL_OK) st = bench_hooks(&run);
     if (run.n_rows) {
         print_table(&run);
