@@ -59,3 +59,23 @@ def heap_in_use() -> int:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns as the f32 values they stand for (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def spec_dot(x_bits: np.ndarray, w_bits: np.ndarray) -> np.ndarray:
+    """docs/SPEC.md's dot of each bf16 row of x [T, h] with the bf16 row w [h], in its order:
+    256 lanes, lane l sums elements l, l+256, ... (each product and sum rounded to f32), then
+    the pairwise tree of strides 128 .. 1. numpy's f32 arithmetic rounds every operation."""
+    x, w = f32(x_bits), f32(w_bits)
+    p = np.zeros((x.shape[0], 256), dtype=np.float32)
+    for i in range(x.shape[1]):
+        p[:, i % 256] = p[:, i % 256] + x[:, i] * w[i]
+    stride = 128
+    while stride:
+        p[:, :stride] = p[:, :stride] + p[:, stride : 2 * stride]
+        stride //= 2
+    return p[:, 0].copy()
