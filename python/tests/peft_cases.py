@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, TrainableTokensConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 V = 131             # vocab_size (prime)
 H = 48              # hidden_size (not a power of two, and below the dot's 256 lanes)
@@ -35,13 +35,27 @@ ROW_STD = 0.08      # new rows: wider than the base's 0.02, so overlaid tokens w
 KINDS = ("tt_list", "tt_dict", "mts_embed", "mts_lm_head", "tt_standalone", "added_tokens")
 
 
-def base_model(tied: bool, seed: int, vocab: int = V) -> LlamaForCausalLM:
-    """A 2-layer Llama with random bf16 weights; no bos/eos, so generation never stops early."""
+ARCHS = ("llama", "gemma3")
+
+
+def base_model(tied: bool, seed: int, vocab: int = V, arch: str = "llama"):
+    """A 2-layer model with random bf16 weights; no bos/eos, so generation never stops early.
+
+    "llama": Llama. "gemma3": Gemma 3, whose embedding module scales its gather by
+    sqrt(hidden) inside its forward, and whose logits are softcapped after the lm_head:
+    the spec's two placements (overlay rows before the scale, cells before the softcap)."""
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=H, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    common = dict(vocab_size=vocab, hidden_size=H, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "gemma3":
+        cfg = Gemma3TextConfig(**common, head_dim=12, sliding_window=4, final_logit_softcapping=2.0)
+        model = Gemma3ForCausalLM(cfg)
+    else:
+        raise ValueError(f"unknown architecture {arch!r}")
+    model = model.to(torch.bfloat16).eval()
     with torch.no_grad():
         model.get_input_embeddings().weight.normal_(0, 0.02)
         if not tied:
@@ -49,7 +63,7 @@ def base_model(tied: bool, seed: int, vocab: int = V) -> LlamaForCausalLM:
     return model
 
 
-def resized(model: LlamaForCausalLM, vocab: int, zero_tail: bool) -> LlamaForCausalLM:
+def resized(model, vocab: int, zero_tail: bool):
     """resize_token_embeddings(vocab); zero_tail: the new rows are zero, as a server pads its vocab."""
     old = model.get_input_embeddings().weight.shape[0]
     with warnings.catch_warnings():
@@ -66,6 +80,7 @@ def resized(model: LlamaForCausalLM, vocab: int, zero_tail: bool) -> LlamaForCau
 class Case:
     kind: str
     tied: bool
+    arch: str
     adapter_dir: Path
     vocab: int                 # the vocab of the model PEFT runs it on
     prompt_ids: list[int]      # ids worth putting in this adapter's prompts (its overlaid rows)
@@ -92,10 +107,10 @@ def _peft_config(kind: str, tied: bool):
     raise ValueError(f"unknown adapter kind {kind!r}")
 
 
-def make_adapter(kind: str, tied: bool, root: Path, seed: int) -> Case:
+def make_adapter(kind: str, tied: bool, root: Path, seed: int, arch: str = "llama") -> Case:
     """Build the adapter with PEFT on a fresh base, give its token rows random values, save it."""
     vocab = V + K_ADDED if kind == "added_tokens" else V
-    model = base_model(tied, seed)
+    model = base_model(tied, seed, arch=arch)
     if kind == "added_tokens":
         torch.manual_seed(seed + 1)   # resize's own init of the new rows; trainable rows replace them
         resized(model, vocab, zero_tail=False)
@@ -110,19 +125,19 @@ def make_adapter(kind: str, tied: bool, root: Path, seed: int) -> Case:
             elif "modules_to_save" in name and ("embed_tokens" in name or "lm_head" in name):
                 rows = EMBED_IDS if "embed_tokens" in name else LMHEAD_IDS
                 p[rows] = (torch.randn(len(rows), p.shape[1], generator=g) * ROW_STD).to(p.dtype)
-    out = root / f"{kind}_{'tied' if tied else 'untied'}"
+    out = root / f"{arch}_{kind}_{'tied' if tied else 'untied'}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pm.save_pretrained(out)
     (out / "README.md").unlink(missing_ok=True)
     prompt_ids = {"mts_lm_head": LMHEAD_IDS, "tt_dict": EMBED_IDS + LMHEAD_IDS,
                   "added_tokens": ADDED_IDS}.get(kind, EMBED_IDS)
-    return Case(kind, tied, out, vocab, list(prompt_ids))
+    return Case(kind, tied, arch, out, vocab, list(prompt_ids))
 
 
 def load_peft(case: Case, seed: int) -> PeftModel:
     """What PEFT serves: a fresh base (resized like the adapter's) with the adapter loaded from disk."""
-    model = base_model(case.tied, seed)
+    model = base_model(case.tied, seed, arch=case.arch)
     if case.vocab != V:
         torch.manual_seed(seed + 1)
         resized(model, case.vocab, zero_tail=False)
@@ -131,16 +146,16 @@ def load_peft(case: Case, seed: int) -> PeftModel:
         return PeftModel.from_pretrained(model, str(case.adapter_dir)).eval()
 
 
-def save_base(tied: bool, root: Path, seed: int) -> Path:
-    out = root / f"base_{'tied' if tied else 'untied'}"
+def save_base(tied: bool, root: Path, seed: int, arch: str = "llama") -> Path:
+    out = root / f"{arch}_base_{'tied' if tied else 'untied'}"
     if not (out / "config.json").exists():
-        base_model(tied, seed).save_pretrained(out)
+        base_model(tied, seed, arch=arch).save_pretrained(out)
     return out
 
 
-def served_model(tied: bool, seed: int, padded_vocab: int = 0) -> LlamaForCausalLM:
+def served_model(tied: bool, seed: int, padded_vocab: int = 0, arch: str = "llama"):
     """The base model the server runs: vocab padded with zero rows when padded_vocab > V."""
-    model = base_model(tied, seed)
+    model = base_model(tied, seed, arch=arch)
     if padded_vocab > V:
         resized(model, padded_vocab, zero_tail=True)
     return model

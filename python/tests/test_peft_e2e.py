@@ -113,20 +113,21 @@ def hook_counts(model) -> list[int]:
 # ---------------------------------------------------------------------------------------
 # the checks
 # ---------------------------------------------------------------------------------------
-def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int, label: str) -> list[str]:
+def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int, label: str,
+              arch: str = "llama") -> list[str]:
     """Every check of the module docstring on one batch; returns the report lines."""
     import tovl.hf
 
     dev = torch.device(device)
-    served = pc.served_model(tied, SEED, padded_vocab).to(dev)      # gets tovl attached
-    plain = pc.served_model(tied, SEED, padded_vocab).to(dev)       # the base model, never touched
+    served = pc.served_model(tied, SEED, padded_vocab, arch).to(dev)   # gets tovl attached
+    plain = pc.served_model(tied, SEED, padded_vocab, arch).to(dev)    # the base model, never touched
     refs = {}
     for r in rows:
         if r.case is not None and r.slot not in refs:
             refs[r.slot] = pc.load_peft(r.case, SEED).to(dev)
     ref_of = lambda r: refs[r.slot] if r.case is not None else plain
     width = padded_vocab or pc.V
-    base_E, base_W = pc.effective_rows(pc.served_model(tied, SEED, padded_vocab), width)
+    _, base_W = pc.effective_rows(pc.served_model(tied, SEED, padded_vocab, arch), width)
 
     # The lm_head cells each slot overrides: the rows PEFT's lm_head really changes, and the
     # ids tovl's pool reports (the two agree when the overlay is right; a cell tovl overrides
@@ -135,7 +136,7 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
     for r in rows:
         if r.case is None or r.slot in overridden:
             continue
-        E, W = pc.effective_rows(pc.load_peft(r.case, SEED), r.case.vocab)
+        _, W = pc.effective_rows(pc.load_peft(r.case, SEED), r.case.vocab)
         changed = set((W != base_W[: r.case.vocab]).any(dim=1).nonzero().flatten().tolist())
         info = pool.slots()[r.slot]
         changed |= set(int(i) for i in getattr(info, "lmhead_ids", ()))
@@ -147,13 +148,15 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
     pre = Capture(served.get_output_embeddings())            # the base projection, before tovl
     handle = tovl.hf.attach(served, pool)
     post_embed = Capture(served.get_input_embeddings())      # after tovl's embed hook
+    post = Capture(served.get_output_embeddings())           # after tovl's lm_head hook
     handle.set_slots([r.slot for r in rows])
     with torch.no_grad():
-        logits = served(ids).logits
-    pre.remove()
-    post_embed.remove()
+        final = served(ids).logits  # after whatever the model does to the lm_head's output (softcap)
+    for c in (pre, post_embed, post):
+        c.remove()
     hidden = pre.inputs[0]          # [B, S, h]: the final hidden states the lm_head saw
-    base_logits = pre.outputs[0]    # [B, S, width]
+    base_logits = pre.outputs[0]    # [B, S, width]: the base projection
+    logits = post.outputs[0]        # the same, patched by tovl
 
     for b, r in enumerate(rows):
         ref = ref_of(r)
@@ -161,7 +164,7 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
         with torch.no_grad():
             ref_embed = ref.get_input_embeddings()(ids[b : b + 1])[0]
             ref_cap = Capture(ref.get_output_embeddings())
-            ref(ids[b : b + 1])
+            ref_final = ref(ids[b : b + 1]).logits[0]
             ref_cap.remove()
             ref_same_hidden = ref.get_output_embeddings()(hidden[b : b + 1])[0]   # PEFT's lm_head, same rows
         # 1. embeddings, bit for bit
@@ -187,12 +190,20 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
                 f"row {b} ({name}): the overridden cells were not patched"
         vw = ref_same_hidden.shape[-1]      # the PEFT model's vocab (the batch's may be padded wider)
         rest_peft = torch.equal(logits[b][:, :vw][:, other[:vw]], ref_same_hidden[:, other[:vw]])
+        # 4. the model's own logits (after any softcap) against the request run alone by its PEFT model
+        if same_hidden:
+            assert torch.equal(final[b][:, :vw][:, other[:vw]], ref_final[:, other[:vw]]), \
+                f"row {b} ({name}): the model's logits differ from PEFT's alone outside the overridden cells"
+            if cells.numel():
+                got, want = final[b][:, cells].float(), ref_final[:, cells].float()
+                units = ((got - want).abs() / bf16_ulp(want)).max().item()
+                assert units <= TOL_UNITS, f"row {b} ({name}): final overridden cells {units} bf16 units from PEFT's"
         report.append(f"  row {b} slot {r.slot:2d} {name:13s} embed exact; {cells.numel()} overridden ids, "
                       f"worst {worst:.2f} bf16 units; other cells == base"
                       f"{' == PEFT' if rest_peft else ' (differ from PEFT)'}; "
                       f"hidden == alone: {same_hidden}")
 
-    # 4. greedy generation, the batch against each request alone
+    # 5. greedy generation, the batch against each request alone
     gen_kw = dict(max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True, return_dict_in_generate=True,
                   pad_token_id=0)
     with torch.no_grad():
@@ -222,7 +233,7 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
         report.append(f"  row {b} slot {r.slot:2d} {name:13s} generation {verdict}; "
                       f"{hits}/{NEW_TOKENS} tokens are overridden ids; narrow-margin steps: {narrow or 'none'}")
 
-    # 5. detach restores the model exactly
+    # 6. detach restores the model exactly
     handle.detach()
     assert hook_counts(served) == hooks_before, "hooks left on the model after detach()"
     with torch.no_grad():
@@ -263,6 +274,18 @@ def test_mixed_batch(tied, device, cases, workdir):
         run_batch(rows, tied, device, pool, pc.PADDED_VOCAB, f"mixed {'tied' if tied else 'untied'}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["tt_list", "tt_dict", "mts_embed"])
+def test_gemma3_scale_and_softcap(kind, device, workdir):
+    """Gemma 3 scales the gather inside its embedding module and softcaps the logits: the rows go
+    in before the scale and the cells before the softcap, as PEFT puts them."""
+    case = pc.make_adapter(kind, True, workdir, SEED, arch="gemma3")
+    g = torch.Generator().manual_seed(SEED + 300 + len(kind))
+    rows = [Row(1, case, make_prompt(case, g)), Row(-1, None, make_prompt(None, g)), Row(1, case, make_prompt(case, g))]
+    with open_pool(pc.save_base(True, workdir, SEED, "gemma3"), device, 0, {1: case}) as pool:
+        run_batch(rows, True, device, pool, 0, f"gemma3 {kind} tied", arch="gemma3")
+
+
 def test_slots_follow_rows_under_beam_expansion(cases, workdir):
     """generate(num_return_sequences=2) repeats each row in place; each copy keeps its row's slot."""
     import tovl.hf
@@ -289,6 +312,11 @@ def test_attach_refuses_a_model_it_cannot_patch(cases, workdir):
     with open_pool(pc.save_base(True, workdir, SEED), "cpu", 0, {}) as pool:
         with pytest.raises(ValueError, match="bf16"):
             tovl.hf.attach(pc.served_model(True, SEED).float(), pool)
+        from transformers import LlamaConfig, LlamaForCausalLM
+        narrow = LlamaForCausalLM(LlamaConfig(vocab_size=pc.V, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                              num_attention_heads=2, num_key_value_heads=2)).to(torch.bfloat16)
+        with pytest.raises(ValueError, match="hidden size 48, the model's embedding 32"):
+            tovl.hf.attach(narrow, pool)
         with tovl.hf.attach(pc.served_model(True, SEED), pool) as handle:
             with pytest.raises(ValueError, match="1-D"):
                 handle.set_slots([[0, 1]])

@@ -12,11 +12,12 @@ model.get_output_embeddings(), so it needs nothing architecture-specific, and pu
 forward hook on each (the spec's placement, docs/SPEC.md):
 
 - the input embedding: its output rows are patched right after the gather, before any
-  embedding scale. Most architectures (Llama, Qwen, Gemma 2, ...) scale after the module,
-  so the module's output is the gather and is patched in place. A module that scales
-  inside its forward (transformers' ScaledWordEmbedding classes, which keep the factor in
-  `embed_scale`) is gathered again unscaled, patched, then scaled the way the module and
-  PEFT scale it: `rows * embed_scale.to(rows.dtype)`.
+  embedding scale. Where the module is a plain gather (Llama, Qwen, Mistral, ...; also a
+  model that scales in its own forward after the module) its output is patched in place.
+  A module that scales inside its forward (transformers' Gemma classes,
+  ...ScaledWordEmbedding, keep the factor in `embed_scale`) is gathered again unscaled,
+  patched, then scaled the way the module and PEFT scale it:
+  `rows * embed_scale.to(rows.dtype)`.
 - the output embedding (lm_head): the overridden logits cells are recomputed right after
   the projection, before any logit softcap (softcapping happens after the module).
 
@@ -66,12 +67,18 @@ class Attachment:
                              "load the model with dtype=torch.bfloat16")
         if lmhead is None:
             raise ValueError("tovl.hf.attach: model.get_output_embeddings() is None: no lm_head to patch")
+        info = getattr(getattr(pool, "model", None), "info", None)   # a tovl.AdapterPool's base model
+        if info is not None and info.hidden != weight.shape[1]:
+            raise ValueError(f"tovl.hf.attach: the pool's base model has hidden size {info.hidden}, "
+                             f"the model's embedding {weight.shape[1]}")
+        pool_device = getattr(pool, "device", None)
+        if pool_device is not None and torch.device(pool_device).type != weight.device.type:
+            raise ValueError(f"tovl.hf.attach: the pool serves {pool_device}, the model is on {weight.device}")
         self.model = model
         self.pool = pool
         self.hidden_size = int(weight.shape[1])
         self._embed_module = embed
         self._lmhead_module = lmhead
-        self._scale = _embed_scale(embed)
         self._slots: int | torch.Tensor | None = None
         self._expanded: dict[tuple[int, int, torch.device], torch.Tensor] = {}
         self._handles = [
@@ -126,15 +133,16 @@ class Attachment:
             raise ValueError(f"tovl.hf: the input embedding was called with ids of shape {tuple(ids.shape)}; "
                              "attach() handles batched [B, S] calls")
         batch, seq = ids.shape
+        scale = _embed_scale(module)      # read per call: .to(device) replaces the buffer
         with torch.no_grad():
-            if self._scale is not None:   # the module scales inside: patch the unscaled gather
+            if scale is not None:         # the module scales inside: patch the unscaled gather
                 rows = F.embedding(ids, module.weight, module.padding_idx)
             else:
                 rows = output if output.is_contiguous() else output.contiguous()
             self.pool.embed_(rows.view(batch * seq, self.hidden_size), ids.reshape(-1),
                              self._row_slots(batch, seq, rows.device))
-            if self._scale is not None:
-                rows = rows * self._scale.to(rows.dtype)
+            if scale is not None:
+                rows = rows * scale.to(rows.dtype)
         return rows
 
     def _lmhead_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
