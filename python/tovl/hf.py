@@ -125,8 +125,12 @@ class Attachment:
         return flat
 
     # ---- hooks -----------------------------------------------------------------------
+    def _inactive(self) -> bool:
+        """No row has an adapter: both hooks leave the module's output as it is."""
+        return self._slots is None or (isinstance(self._slots, int) and self._slots < 0)
+
     def _embed_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
-        if self._slots is None or (isinstance(self._slots, int) and self._slots < 0):
+        if self._inactive():
             return None
         ids = args[0] if args else kwargs["input"]
         if ids.dim() != 2 or output.dim() != 3:
@@ -146,7 +150,7 @@ class Attachment:
         return rows
 
     def _lmhead_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
-        if self._slots is None or (isinstance(self._slots, int) and self._slots < 0):
+        if self._inactive():
             return None
         hidden = args[0] if args else kwargs["input"]
         if hidden.dim() != 3 or output.dim() != 3:
