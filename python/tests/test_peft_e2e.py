@@ -85,8 +85,12 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
 def open_pool(base_dir: Path, device: str, padded_vocab: int, slots: dict[int, pc.Case]):
     import tovl
     pool = tovl.AdapterPool(str(base_dir), torch.device(device), max_loras=8, padded_vocab=padded_vocab)
-    for s, case in slots.items():
-        pool.load(s, str(case.adapter_dir))
+    try:
+        for s, case in slots.items():
+            pool.load(s, str(case.adapter_dir))
+    except BaseException:
+        pool.close()
+        raise
     return pool
 
 
@@ -305,6 +309,27 @@ def test_slots_follow_rows_under_beam_expansion(cases, workdir):
                                                           **kw)
     print(f"beam expansion: seed {SEED}")
     assert torch.equal(out[:2], want0) and torch.equal(out[2:], want1)
+
+
+def test_one_slot_for_every_row_and_none(cases, workdir):
+    """set_slots(int) takes the single-active-slot path of the ops; it must equal the per-row
+    array with that slot everywhere; set_slots(None) and set_slots(-1) leave the base model alone."""
+    import tovl.hf
+    case = cases[("tt_dict", True)]
+    g = torch.Generator().manual_seed(SEED + 400)
+    ids = torch.stack([make_prompt(case, g) for _ in range(3)])
+    served, plain = pc.served_model(True, SEED), pc.served_model(True, SEED)
+    print(f"one slot for every row: seed {SEED}")
+    with open_pool(pc.save_base(True, workdir, SEED), "cpu", 0, {3: case}) as pool, \
+            tovl.hf.attach(served, pool) as handle, torch.no_grad():
+        handle.set_slots([3, 3, 3])
+        per_row = served(ids).logits
+        handle.set_slots(3)
+        assert torch.equal(served(ids).logits, per_row)
+        assert not torch.equal(per_row, plain(ids).logits)
+        for none in (None, -1):
+            handle.set_slots(none)
+            assert torch.equal(served(ids).logits, plain(ids).logits)
 
 
 def test_attach_refuses_a_model_it_cannot_patch(cases, workdir):
