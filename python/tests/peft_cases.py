@@ -23,7 +23,7 @@ from peft import LoraConfig, PeftModel, TrainableTokensConfig, get_peft_model
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 V = 131             # vocab_size (prime)
-H = 48              # hidden_size (not a power of two, and below the dot's 256 lanes)
+H = 272             # hidden_size: not a power of two, above the dot's 256 lanes (some lanes sum 2 products)
 K_ADDED = 4         # tokens the "added_tokens" adapter adds: ids V .. V + K_ADDED - 1
 PADDED_VOCAB = V + K_ADDED + 5   # the vocab the server allocates when an adapter adds tokens
 
@@ -51,7 +51,7 @@ def base_model(tied: bool, seed: int, vocab: int = V, arch: str = "llama"):
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif arch == "gemma3":
-        cfg = Gemma3TextConfig(**common, head_dim=12, sliding_window=4, final_logit_softcapping=2.0)
+        cfg = Gemma3TextConfig(**common, head_dim=H // 4, sliding_window=4, final_logit_softcapping=2.0)
         model = Gemma3ForCausalLM(cfg)
     else:
         raise ValueError(f"unknown architecture {arch!r}")

@@ -340,7 +340,7 @@ def test_attach_refuses_a_model_it_cannot_patch(cases, workdir):
         from transformers import LlamaConfig, LlamaForCausalLM
         narrow = LlamaForCausalLM(LlamaConfig(vocab_size=pc.V, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                                               num_attention_heads=2, num_key_value_heads=2)).to(torch.bfloat16)
-        with pytest.raises(ValueError, match="hidden size 48, the model's embedding 32"):
+        with pytest.raises(ValueError, match="hidden size 272, the model's embedding 32"):
             tovl.hf.attach(narrow, pool)
         with tovl.hf.attach(pc.served_model(True, SEED), pool) as handle:
             with pytest.raises(ValueError, match="1-D"):
