@@ -47,7 +47,10 @@ def base_model(tied: bool, seed: int, vocab: int = V, arch: str = "llama"):
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=H, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+                  tie_word_embeddings=tied, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                  # plain matmul + softmax attention: the same arithmetic for a batch and for one row
+                  # on every device (fused attention kernels may choose their split by batch size)
+                  attn_implementation="eager")
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
     elif arch == "gemma3":

@@ -41,13 +41,17 @@ DEVICES = [
 # fixtures: adapters made once per module
 # ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
+def one_thread_and_full_precision_reductions():
     """These matrices are tiny: with several threads, hand-offs dominate on a loaded machine
-    (a [1, 1, 48] x [48, 64] bf16 linear took 30 ms with 2 threads, 7 us with one)."""
+    (a [1, 1, 48] x [48, 64] bf16 linear took 30 ms with 2 threads, 7 us with one). On CUDA,
+    bf16 GEMMs keep f32 reductions, so a batch and a single row are more likely to agree."""
     n = torch.get_num_threads()
+    reduced = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     torch.set_num_threads(1)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     yield
     torch.set_num_threads(n)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
 
 
 @pytest.fixture(scope="module")
