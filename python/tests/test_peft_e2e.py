@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -328,8 +329,9 @@ def test_one_slot_for_every_row_and_none(cases, workdir):
             tovl.hf.attach(served, pool) as handle, torch.no_grad():
         handle.set_slots([3, 3, 3])
         per_row = served(ids).logits
-        handle.set_slots(3)
-        assert torch.equal(served(ids).logits, per_row)
+        for one in (3, np.int64(3)):
+            handle.set_slots(one)
+            assert torch.equal(served(ids).logits, per_row)
         assert not torch.equal(per_row, plain(ids).logits)
         for none in (None, -1):
             handle.set_slots(none)

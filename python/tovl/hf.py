@@ -30,6 +30,7 @@ The overlays are for inference: they run under torch.no_grad() and carry no grad
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -90,8 +91,8 @@ class Attachment:
     def set_slots(self, slots: SlotsLike) -> None:
         """One slot per batch row (a list or an int32/int64 tensor [B]; -1 = the base model),
         an int for every row, or None: every row uses the base model (nothing is patched)."""
-        if slots is None or isinstance(slots, int):
-            self._slots = slots
+        if slots is None or isinstance(slots, numbers.Integral) and not isinstance(slots, bool):
+            self._slots = None if slots is None else int(slots)
         else:
             t = torch.as_tensor(slots)
             if t.dim() != 1 or t.numel() == 0:
