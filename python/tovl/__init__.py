@@ -50,11 +50,13 @@ _TORCH_NAMES = {
 
 def __getattr__(name: str) -> Any:
     # The torch-facing names load torch (and register the ops) on first use.
+    import importlib
+
+    if name in ("ops", "pool", "hf"):
+        return importlib.import_module(f".{name}", __name__)
     module = _TORCH_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'tovl' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(f".{module}", __name__), name)
 
 

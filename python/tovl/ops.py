@@ -43,13 +43,30 @@ def backend_name_for(device: Union[torch.device, str]) -> str:
     raise invalid(f"tovl has no backend for {device.type!r} tensors (cpu or cuda)")
 
 
-def _check_set(s: OverlaySet, device: torch.device, op: str) -> None:
-    want = backend_name_for(device)
+def _set_device(s: OverlaySet) -> Optional[torch.device]:
+    """The torch device whose tensors `s` can patch (None: none, e.g. a Vulkan set), cached on the set."""
+    try:
+        return s._torch_device  # type: ignore[attr-defined,no-any-return]
+    except AttributeError:
+        be = s.backend
+        device: Optional[torch.device] = None
+        if be.name == "cpu":
+            device = torch.device("cpu")
+        elif be.name in ("cuda", "hip") and backend_name_for("cuda") == be.name:
+            device = torch.device("cuda", be.device_index or 0)
+        s._torch_device = device  # type: ignore[attr-defined]
+        return device
+
+
+def _bad_set(s: OverlaySet, device: torch.device, op: str) -> Exception:
     be = s.backend
-    if be.name != want or (want != "cpu" and be.device_index != (device.index or 0)):
-        where = be.name if be.device_index is None else f"{be.name}:{be.device_index}"
-        raise invalid(f"{op}: set_handle is a set built on the {where} backend, but the tensors are on "
-                      f"{device} (they need the {want} backend of that device)")
+    where = be.name if be.device_index is None else f"{be.name}:{be.device_index}"
+    try:
+        need = f"they need the {backend_name_for(device)} backend of that device"
+    except Exception:
+        need = "tovl has no backend for them"
+    return invalid(f"{op}: set_handle is a set built on the {where} backend, but the tensors are on "
+                   f"{device} ({need})")
 
 
 def _check_vector(t: torch.Tensor, name: str, op: str, T: int, device: torch.device,
@@ -58,63 +75,70 @@ def _check_vector(t: torch.Tensor, name: str, op: str, T: int, device: torch.dev
         raise invalid(f"{op}: {name} has dtype {t.dtype}, expected {' or '.join(str(d) for d in dtypes)}")
     if t.device != device:
         raise invalid(f"{op}: {name} is on {t.device}, the patched tensor on {device}")
-    if t.dim() != 1 or t.shape[0] != T:
+    if t.shape != (T,):
         raise shape(f"{op}: {name} has shape {list(t.shape)}, expected [{T}]")
     if T > 1 and t.stride(0) != 1:
         raise shape(f"{op}: {name} has stride {t.stride(0)}, expected 1 (contiguous)")
 
 
-def _check_hidden(t: torch.Tensor, name: str, op: str, s: OverlaySet, device: torch.device) -> int:
+def _check_hidden(t: torch.Tensor, op: str, s: OverlaySet, device: torch.device) -> int:
     if t.dtype != torch.bfloat16:
-        raise invalid(f"{op}: {name} has dtype {t.dtype}, expected torch.bfloat16")
+        raise invalid(f"{op}: hidden has dtype {t.dtype}, expected torch.bfloat16")
     if t.device != device:
-        raise invalid(f"{op}: {name} is on {t.device}, the patched tensor on {device}")
-    if t.dim() != 2:
-        raise shape(f"{op}: {name} has shape {list(t.shape)}, expected [T, hidden]")
-    T, h = t.shape
-    if s.hidden and h != s.hidden:
-        raise shape(f"{op}: {name} has shape {list(t.shape)}, the set's hidden size is {s.hidden}")
-    if T > 1 and t.stride(0) != h or h > 1 and t.stride(1) != 1:
-        raise shape(f"{op}: {name} has strides {list(t.stride())}, expected [{h}, 1] (contiguous rows)")
+        raise invalid(f"{op}: hidden is on {t.device}, the patched tensor on {device}")
+    size = t.shape
+    if len(size) != 2:
+        raise shape(f"{op}: hidden has shape {list(size)}, expected [T, hidden]")
+    T, h = size
+    if h != s.hidden and s.hidden:
+        raise shape(f"{op}: hidden has shape {list(size)}, the set's hidden size is {s.hidden}")
+    st = t.stride()
+    if T > 1 and st[0] != h or h > 1 and st[1] != 1:
+        raise shape(f"{op}: hidden has strides {list(st)}, expected [{h}, 1] (contiguous rows)")
     return int(T)
 
 
-def _check_slots(slots: Optional[torch.Tensor], op: str, T: int, device: torch.device) -> None:
-    if slots is not None:
-        _check_vector(slots, "slots", op, T, device, (torch.int32,))
+_EMBED, _LMHEAD = "tovl.embed_overlay_", "tovl.lmhead_overlay_"
+_IDS_DTYPES, _SLOTS_DTYPES = (torch.int32, torch.int64), (torch.int32,)
 
 
-def _check_embed(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
-                 set_handle: int) -> tuple[OverlaySet, int]:
-    op = "tovl.embed_overlay_"
-    s = set_for_handle(set_handle)
+def _check_embed(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
+                 slots: Optional[torch.Tensor]) -> int:
     device = hidden.device
-    _check_set(s, device, op)
-    T = _check_hidden(hidden, "hidden", op, s, device)
-    _check_vector(token_ids, "token_ids", op, T, device, (torch.int32, torch.int64))
-    _check_slots(slots, op, T, device)
-    return s, T
+    if device != _set_device(s):
+        raise _bad_set(s, device, _EMBED)
+    T = _check_hidden(hidden, _EMBED, s, device)
+    _check_vector(token_ids, "token_ids", _EMBED, T, device, _IDS_DTYPES)
+    if slots is not None:
+        _check_vector(slots, "slots", _EMBED, T, device, _SLOTS_DTYPES)
+    return T
 
 
-def _check_lmhead(logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
-                  set_handle: int) -> tuple[OverlaySet, int]:
-    op = "tovl.lmhead_overlay_"
-    s = set_for_handle(set_handle)
+def _check_lmhead(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
+                  slots: Optional[torch.Tensor]) -> int:
+    op = _LMHEAD
     device = logits.device
-    _check_set(s, device, op)
-    if logits.dtype not in (torch.bfloat16, torch.float32):
+    if device != _set_device(s):
+        raise _bad_set(s, device, op)
+    if logits.dtype not in _LOGITS_DTYPES:
         raise invalid(f"{op}: logits has dtype {logits.dtype}, expected torch.bfloat16 or torch.float32")
-    if logits.dim() != 2:
-        raise shape(f"{op}: logits has shape {list(logits.shape)}, expected [T, vocab]")
-    T, width = logits.shape
+    size = logits.shape
+    if len(size) != 2:
+        raise shape(f"{op}: logits has shape {list(size)}, expected [T, vocab]")
+    T, width = size
     if width < s.vocab:
         raise shape(f"{op}: logits has {width} columns, fewer than the set's vocab {s.vocab}")
-    if width > 1 and logits.stride(1) != 1 or T > 1 and logits.stride(0) < width:
-        raise shape(f"{op}: logits has strides {list(logits.stride())}, expected [ld >= {width}, 1]")
-    if _check_hidden(hidden, "hidden", op, s, device) != T:
+    st = logits.stride()
+    if width > 1 and st[1] != 1 or T > 1 and st[0] < width:
+        raise shape(f"{op}: logits has strides {list(st)}, expected [ld >= {width}, 1]")
+    if _check_hidden(hidden, op, s, device) != T:
         raise shape(f"{op}: hidden has {hidden.shape[0]} rows, logits {T}")
-    _check_slots(slots, op, T, device)
-    return s, T
+    if slots is not None:
+        _check_vector(slots, "slots", op, T, device, _SLOTS_DTYPES)
+    return T
+
+
+_LOGITS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 def _stream(s: OverlaySet, device: torch.device) -> Optional[int]:
@@ -126,36 +150,46 @@ def _stream(s: OverlaySet, device: torch.device) -> Optional[int]:
     return raw
 
 
-def _embed_impl(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
-                active_slot: int, set_handle: int) -> None:
-    s, T = _check_embed(hidden, token_ids, slots, set_handle)
+def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
+               active_slot: int) -> None:
+    T = _check_embed(s, hidden, token_ids, slots)
     if T == 0:
         return
     if token_ids.dtype == torch.int64:
         # The kernel reads u32 ids; clamping keeps an id beyond 2^31 from wrapping onto a real one.
         token_ids = token_ids.clamp(-1, 2**31 - 1).to(torch.int32)
     s.embed_hook(hidden.data_ptr(), token_ids.data_ptr(), T, hidden.shape[1],
-                 slots.data_ptr() if slots is not None else 0, active_slot, _stream(s, hidden.device))
+                 0 if slots is None else slots.data_ptr(), active_slot, _stream(s, hidden.device))
+
+
+def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
+                active_slot: int) -> None:
+    T = _check_lmhead(s, logits, hidden, slots)
+    if T == 0:
+        return
+    s.lmhead_hook(logits.data_ptr(), _LOGITS_DTYPES[logits.dtype], logits.stride(0) if T > 1 else logits.shape[1],
+                  hidden.data_ptr(), T, hidden.shape[1], 0 if slots is None else slots.data_ptr(), active_slot,
+                  _stream(s, logits.device))
+
+
+def _embed_impl(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
+                active_slot: int, set_handle: int) -> None:
+    _embed_run(set_for_handle(set_handle), hidden, token_ids, slots, active_slot)
 
 
 def _lmhead_impl(logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
                  active_slot: int, set_handle: int) -> None:
-    s, T = _check_lmhead(logits, hidden, slots, set_handle)
-    if T == 0:
-        return
-    s.lmhead_hook(logits.data_ptr(), "bf16" if logits.dtype == torch.bfloat16 else "f32",
-                  logits.stride(0) if T > 1 else logits.shape[1], hidden.data_ptr(), T, hidden.shape[1],
-                  slots.data_ptr() if slots is not None else 0, active_slot, _stream(s, logits.device))
+    _lmhead_run(set_for_handle(set_handle), logits, hidden, slots, active_slot)
 
 
 def _embed_fake(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
                 active_slot: int, set_handle: int) -> None:
-    _check_embed(hidden, token_ids, slots, set_handle)
+    _check_embed(set_for_handle(set_handle), hidden, token_ids, slots)
 
 
 def _lmhead_fake(logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
                  active_slot: int, set_handle: int) -> None:
-    _check_lmhead(logits, hidden, slots, set_handle)
+    _check_lmhead(set_for_handle(set_handle), logits, hidden, slots)
 
 
 for _key in ("CPU", "CUDA"):
@@ -163,6 +197,13 @@ for _key in ("CPU", "CUDA"):
     _lib.impl("lmhead_overlay_", _lmhead_impl, _key)
 torch.library.register_fake("tovl::embed_overlay_", _embed_fake, lib=_lib)
 torch.library.register_fake("tovl::lmhead_overlay_", _lmhead_fake, lib=_lib)
+
+
+def _eager(t: torch.Tensor) -> bool:
+    """Whether the wrappers may call the implementation directly, as the dispatcher would: a plain
+    tensor, outside torch.compile and any dispatch mode, with no autograd to record."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and not torch._C._len_torch_dispatch_stack() and not (t.requires_grad and torch.is_grad_enabled()))
 
 
 SlotsArg = Union[torch.Tensor, int]
@@ -174,6 +215,8 @@ def _split_slots(slots_or_active: SlotsArg, rows_shape: torch.Size) -> tuple[Opt
     if isinstance(slots_or_active, int):
         return None, slots_or_active
     slots = slots_or_active
+    if slots.dim() == 1 and len(rows_shape) == 1:
+        return slots, -1  # shape checked by the op
     if len(rows_shape) > 1 and slots.dim() == 1 and slots.shape[0] == rows_shape[0]:
         slots = slots.view(-1, *([1] * (len(rows_shape) - 1))).expand(rows_shape)
     if tuple(slots.shape) != tuple(rows_shape):
@@ -194,8 +237,12 @@ def embed_overlay_(hidden: torch.Tensor, token_ids: torch.Tensor, slots_or_activ
     """Patch `hidden` ([..., hidden] bf16, the embedding gather of `token_ids` [...]) in place with
     each row's adapter rows; returns `hidden`. Call before any embedding scale."""
     slots, active = _split_slots(slots_or_active, token_ids.shape)
-    torch.ops.tovl.embed_overlay_(_rows(hidden, "hidden"), token_ids.reshape(-1), slots, active,
-                                  overlay_set.handle)
+    rows = hidden if hidden.dim() == 2 else _rows(hidden, "hidden")
+    ids = token_ids if token_ids.dim() == 1 else token_ids.reshape(-1)
+    if _eager(hidden):
+        _embed_run(overlay_set, rows, ids, slots, active)
+    else:
+        torch.ops.tovl.embed_overlay_(rows, ids, slots, active, overlay_set.handle)
     return hidden
 
 
@@ -204,6 +251,10 @@ def lmhead_overlay_(logits: torch.Tensor, hidden: torch.Tensor, slots_or_active:
     """Patch `logits` ([..., >= vocab] bf16 or f32, the lm_head product of `hidden` [..., hidden])
     in place with each row's adapter cells; returns `logits`. Call before any logit softcap."""
     slots, active = _split_slots(slots_or_active, logits.shape[:-1])
-    torch.ops.tovl.lmhead_overlay_(_rows(logits, "logits"), _rows(hidden, "hidden"), slots, active,
-                                   overlay_set.handle)
+    rows = logits if logits.dim() == 2 else _rows(logits, "logits")
+    final = hidden if hidden.dim() == 2 else _rows(hidden, "hidden")
+    if _eager(logits):
+        _lmhead_run(overlay_set, rows, final, slots, active)
+    else:
+        torch.ops.tovl.lmhead_overlay_(rows, final, slots, active, overlay_set.handle)
     return logits
