@@ -227,3 +227,15 @@ def test_pool_device_arguments() -> None:
     with tovl.AdapterPool(TIED, torch.device("cpu")) as pool:
         assert pool.device == torch.device("cpu") and pool.backend.name == "cpu"
         assert "0/8 slots" in repr(pool)
+
+
+def test_the_readme_example_runs(monkeypatch: Any, capsys: Any) -> None:
+    """The first Python example of README.md's "Python" section, run from the repository root."""
+    from helpers_core import REPO
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO)
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out.strip() == "(3, 40, 130)"
