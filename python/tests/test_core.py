@@ -312,3 +312,24 @@ def test_nothing_leaks_over_many_open_close_cycles() -> None:
     assert open_fds() == fds
     # 300 cycles that each allocate far more than this: a leak of one object per cycle shows.
     assert grown < 64 * 1024, f"heap grew by {grown} bytes over 300 cycles"
+
+
+def test_safetensors_read_write_round_trip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    g = rng("test_safetensors_read_write_round_trip")
+    tensors = {"w": ("BF16", bf16_bits(g, (3, 5))), "ids": ("I32", g.integers(-9, 9, size=7).astype(np.int32)),
+               "s": ("F32", np.array(g.normal(), dtype=np.float32))}
+    path = tmp_path / "t.safetensors"
+    tovl.write_safetensors(path, tensors, {"format": "pt"})
+    data = path.read_bytes()
+    for f in (tovl.SafetensorsFile(path), tovl.SafetensorsFile("in memory", data=data)):
+        with f:
+            assert {t.name: (t.dtype, t.shape) for t in f.tensors} == {
+                k: (d, a.shape) for k, (d, a) in tensors.items()}
+            for k, (_, a) in tensors.items():
+                got = f.array(k)
+                assert got.dtype == a.dtype and np.array_equal(got, a), k
+            with pytest.raises(tovl.InvalidInputError, match="no tensor 'x'"):
+                f.array("x")
+    with pytest.raises(tovl.FileFormatError) as e:
+        tovl.SafetensorsFile("cut", data=data[: len(data) // 2])
+    assert "cut" in e.value.detail

@@ -22,11 +22,14 @@ from .core import (
     OverlaySet,
     OverlayTables,
     OverlayView,
+    SafetensorsFile,
+    TensorInfo,
     backends,
     bf16_to_f32,
     f32_to_bf16,
     rowdiff,
     version,
+    write_safetensors,
 )
 from .errors import (
     DeviceError,
@@ -63,7 +66,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Adapter", "AdapterInfo", "AdapterPool", "AdapterRows", "AdapterSource", "Backend", "BackendInfo",
     "DeviceError", "FileFormatError", "InternalError", "InvalidInputError", "Model", "ModelInfo", "Overlay",
-    "OverlaySet", "OverlayTables", "OverlayView", "SlotInfo", "TovlError", "UnavailableError", "__version__",
-    "backend_name_for", "backends", "bf16_to_f32", "embed_overlay_", "f32_to_bf16", "lmhead_overlay_",
-    "rowdiff", "version",
+    "OverlaySet", "OverlayTables", "OverlayView", "SafetensorsFile", "SlotInfo", "TensorInfo", "TovlError",
+    "UnavailableError", "__version__", "backend_name_for", "backends", "bf16_to_f32", "embed_overlay_",
+    "f32_to_bf16", "lmhead_overlay_", "rowdiff", "version", "write_safetensors",
 ]

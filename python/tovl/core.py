@@ -227,6 +227,80 @@ class Backend(_Handle):
 
 
 # --------------------------------------------------------------------------
+# safetensors files
+# --------------------------------------------------------------------------
+# File dtypes as numpy dtypes; bf16 reads as its uint16 bit patterns.
+_NP_DTYPES = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8,
+              "U8": np.uint8, "I16": np.int16, "U16": np.uint16, "I32": np.int32, "U32": np.uint32,
+              "I64": np.int64, "U64": np.uint64, "BOOL": np.bool_}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class SafetensorsFile(_Handle):
+    """A safetensors file, mapped read-only with its whole header validated (tovl_safetensors_open);
+    or `data`, bytes in memory (tovl_safetensors_open_memory, `path` then names it in messages)."""
+
+    _what = "safetensors file"
+
+    def __init__(self, path: PathLike, data: Optional[bytes] = None) -> None:
+        out = _out()
+        if data is None:
+            check(lib.tovl_safetensors_open(_path(path), ctypes.byref(out)))
+        else:
+            self._data = bytes(data)  # must outlive the object: not copied by the C side
+            check(lib.tovl_safetensors_open_memory(self._data, len(self._data), _path(path), ctypes.byref(out)))
+        self._own(int(out.value or 0), lib.tovl_safetensors_close)
+        self.path = _lib.text(lib.tovl_safetensors_path(self._cell.value))
+
+    def _tensor(self, name: str) -> "_lib.TensorC":
+        p = lib.tovl_safetensors_find(self.handle, name.encode())
+        if not p:
+            raise invalid(f"{self.path}: no tensor {name!r}")
+        return p.contents
+
+    @property
+    def tensors(self) -> list[TensorInfo]:
+        """Every tensor, in the order of their data offsets."""
+        out = []
+        for k in range(lib.tovl_safetensors_count(self.handle)):
+            t = lib.tovl_safetensors_at(self.handle, k).contents
+            out.append(TensorInfo(_lib.text(t.name), _lib.text(t.dtype), tuple(t.shape[: t.ndim])))
+        return out
+
+    def array(self, name: str) -> np.ndarray:
+        """A copy of tensor `name` as a numpy array (bf16 as uint16 bit patterns)."""
+        t = self._tensor(name)
+        dtype = _NP_DTYPES.get(_lib.text(t.dtype))
+        if dtype is None:
+            raise invalid(f"{self.path}: tensor {name!r} has dtype {_lib.text(t.dtype)}, which numpy lacks")
+        raw = ctypes.string_at(t.data, t.count * t.elem_size) if t.count else b""
+        return np.frombuffer(raw, dtype=dtype).reshape(tuple(t.shape[: t.ndim])).copy()
+
+
+def write_safetensors(path: PathLike, tensors: dict[str, tuple[str, np.ndarray]],
+                      metadata: Optional[dict[str, str]] = None) -> None:
+    """tovl_safetensors_write: {name: (file dtype, array)} (e.g. ("BF16", uint16 bits)), atomically."""
+    keep: list[Any] = []
+    arr = (_lib.TensorC * max(len(tensors), 1))()
+    for k, (name, (dtype, data)) in enumerate(tensors.items()):
+        a = np.require(data, requirements="C")  # keeps a 0-d array 0-d, unlike ascontiguousarray
+        shape = (ctypes.c_uint64 * max(a.ndim, 1))(*a.shape)
+        keep += [a, shape]
+        arr[k].name, arr[k].dtype, arr[k].ndim = name.encode(), dtype.encode(), a.ndim
+        arr[k].shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_uint64))
+        arr[k].data = a.ctypes.data
+    items = [x.encode() for kv in (metadata or {}).items() for x in kv]
+    meta = (ctypes.c_char_p * max(len(items), 1))(*items)
+    check(lib.tovl_safetensors_write(_path(path), arr, len(tensors), meta if items else None, len(items) // 2))
+
+
+# --------------------------------------------------------------------------
 # Base models and adapters (import)
 # --------------------------------------------------------------------------
 @dataclass(frozen=True)
