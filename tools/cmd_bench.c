@@ -6,7 +6,7 @@
  *   graph   the median per-launch time of `batch` back-to-back launches
  *           recorded once and replayed (a CUDA graph, one Vulkan command
  *           buffer): what an engine pays per hook;
- *   single  the median time of one launch between two device timestamps,
+ *   single  the median time of one launch between two timestamps on the device,
  *           which includes the timestamps' own overhead;
  *   GB/s    the bytes a kernel must move (read + written) per graph launch
  *           time, and that as a fraction of the device copy bandwidth measured
@@ -67,12 +67,12 @@ static void usage(FILE *f) {
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
             "                  [--tokens T[,T...]] [--quick]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
-            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with device timestamps:\n"
+            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
             "each 1 .. %u). --quick: small sizes, for a smoke run.\n"
-            "Backends without a device timer (cpu) are refused.\n",
+            "Backends without a clock on the device (cpu) are refused.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T);
 }
 
@@ -404,47 +404,55 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                          .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
                          .tokens = {512, 64}, .n_tokens = 2};
     bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(arg, "--help")) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"quick", no_argument, NULL, 'q'},
+                                         {"tokens", required_argument, NULL, 't'},
+                                         {"backend", required_argument, NULL, 'k'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"batch", required_argument, NULL, 'b'},
+                                         {"repeats", required_argument, NULL, 'r'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        const char *value = optarg;
+        if (c == 'h') {
             usage(stdout);
             return 0;
-        } else if (!strcmp(arg, "--quick")) {
+        } else if (c == 'q') {
             quick = true; /* its batch sizes unless --tokens gives them */
             o->batch = 4;
             o->repeats = 3;
             o->rowdiff_rows = 2048;
-        } else if (value && !strcmp(arg, "--tokens")) {
+        } else if (c == 't') {
             if (!parse_tokens(value, o)) {
                 return 2;
             }
             tokens_given = true;
-            i++;
-        } else if (value && !strcmp(arg, "--backend")) {
+        } else if (c == 'k') {
             o->backend = value;
-            i++;
-        } else if (value && !strcmp(arg, "--json")) {
+        } else if (c == 'j') {
             o->json = value;
-            i++;
-        } else if (value && !strcmp(arg, "--seed")) {
+        } else if (c == 's') {
             char *end;
             o->seed = strtoull(value, &end, 0);
             if (*end || !*value) {
                 fprintf(stderr, "tovl bench: --seed '%s' is not a number\n", value);
                 return 2;
             }
-            i++;
-        } else if (value && (!strcmp(arg, "--batch") || !strcmp(arg, "--repeats"))) {
-            if (!parse_u32(value, !strcmp(arg, "--batch") ? &o->batch : &o->repeats)) {
-                fprintf(stderr, "tovl bench: %s '%s' is not a count >= 1\n", arg, value);
+        } else if (c == 'b' || c == 'r') {
+            if (!parse_u32(value, c == 'b' ? &o->batch : &o->repeats)) {
+                fprintf(stderr, "tovl bench: %s '%s' is not a count >= 1\n", c == 'b' ? "--batch" : "--repeats",
+                        value);
                 return 2;
             }
-            i++;
         } else {
-            fprintf(stderr, "tovl bench: unknown or incomplete option '%s'\n", arg);
-            usage(stderr);
-            return 2;
+            return tovl_cli_bad_option("tovl bench", c, argv, opts, usage);
         }
+    }
+    if (tovl_cli_no_operands("tovl bench", argc, argv, usage)) {
+        return 2;
     }
     if (quick && !tokens_given) {
         o->tokens[0] = 64;
@@ -469,7 +477,7 @@ int tovl_cmd_bench(int argc, char **argv) {
     run.ctx = tovl_backend_get_context(run.be);
     if (!run.iface->time_kernel) {
         fprintf(stderr,
-                "tovl bench: backend '%s' has no device timer (time_kernel): benchmarks need a GPU backend "
+                "tovl bench: backend '%s' has no clock on the device (time_kernel): benchmarks need a GPU backend "
                 "(cuda, hip or vulkan)\n",
                 tovl_backend_name(run.be));
         tovl_backend_close(run.be);
