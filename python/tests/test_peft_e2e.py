@@ -348,6 +348,10 @@ def test_attach_refuses_a_model_it_cannot_patch(cases, workdir):
                                               num_attention_heads=2, num_key_value_heads=2)).to(torch.bfloat16)
         with pytest.raises(ValueError, match="hidden size 272, the model's embedding 32"):
             tovl.hf.attach(narrow, pool)
+    with open_pool(pc.save_base(True, workdir, SEED), "cpu", pc.PADDED_VOCAB, {}) as padded:
+        with pytest.raises(ValueError, match=f"vocab of {pc.PADDED_VOCAB} .padded., the model's lm_head has {pc.V}"):
+            tovl.hf.attach(pc.served_model(True, SEED), padded)
+        tovl.hf.attach(pc.served_model(True, SEED, pc.PADDED_VOCAB), padded).detach()
         with tovl.hf.attach(pc.served_model(True, SEED), pool) as handle:
             with pytest.raises(ValueError, match="1-D"):
                 handle.set_slots([[0, 1]])

@@ -72,6 +72,11 @@ class Attachment:
         if info is not None and info.hidden != weight.shape[1]:
             raise ValueError(f"tovl.hf.attach: the pool's base model has hidden size {info.hidden}, "
                              f"the model's embedding {weight.shape[1]}")
+        rows = getattr(getattr(lmhead, "weight", None), "shape", (None,))[0]
+        if info is not None and rows is not None and rows < info.vocab:
+            raise ValueError(f"tovl.hf.attach: the pool serves a vocab of {info.vocab} (padded), the model's "
+                             f"lm_head has {rows} rows: resize the model's embeddings to {info.vocab}, "
+                             "the new rows zero")
         pool_device = getattr(pool, "device", None)
         if pool_device is not None and torch.device(pool_device).type != weight.device.type:
             raise ValueError(f"tovl.hf.attach: the pool serves {pool_device}, the model is on {weight.device}")
