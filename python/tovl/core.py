@@ -65,7 +65,7 @@ class _Handle:
     """One C object: its address (in a _Cell) and a finalizer that frees it exactly once."""
 
     _cell: _Cell
-    _finalizer: weakref.finalize
+    _finalizer: "weakref.finalize[..., Any]"
     _what = "object"
 
     def _own(self, handle: int, close: Callable[[int], None], parent: Optional["Backend"] = None) -> None:
@@ -193,12 +193,12 @@ class Backend(_Handle):
 
     def has_kernel(self, name: str) -> bool:
         """Whether tovl_try_kernel finds `name` ("rowdiff", "embed_overlay", "lmhead_overlay_bf16", ...)."""
-        return lib.tovl_try_kernel(self.handle, name.encode()) != 0
+        return bool(lib.tovl_try_kernel(self.handle, name.encode()) != 0)
 
     @property
     def kernels(self) -> dict[str, int]:
         """The four resolved overlay kernel handles (0 = missing)."""
-        return {name: int(getattr(self._kernels, name)) for name, _ in _lib.OverlayKernelsC._fields_}
+        return {f[0]: int(getattr(self._kernels, f[0])) for f in _lib.OverlayKernelsC._fields_}
 
     # Device memory (synchronous; not for the forward path).
     def alloc(self, nbytes: int) -> int:
@@ -262,7 +262,8 @@ class SafetensorsFile(_Handle):
         p = lib.tovl_safetensors_find(self.handle, name.encode())
         if not p:
             raise invalid(f"{self.path}: no tensor {name!r}")
-        return p.contents
+        t: _lib.TensorC = p.contents
+        return t
 
     @property
     def tensors(self) -> list[TensorInfo]:
@@ -456,7 +457,8 @@ class AdapterRows(_Handle):
         return self.embed_ids if self.tied else np.zeros(0, dtype=np.uint32)
 
     def _info(self) -> _lib.AdapterRowsInfoC:
-        return lib.tovl_adapter_rows_get_info(self.handle).contents
+        info: _lib.AdapterRowsInfoC = lib.tovl_adapter_rows_get_info(self.handle).contents
+        return info
 
 
 # --------------------------------------------------------------------------
@@ -607,7 +609,7 @@ class OverlaySet(_Handle):
     @property
     def tables(self) -> OverlayTables:
         t = lib.tovl_token_overlay_set_tables(self.handle)
-        return OverlayTables(*(int(getattr(t, f)) for f, _ in _lib.OverlayTablesC._fields_))
+        return OverlayTables(*(int(getattr(t, f[0])) for f in _lib.OverlayTablesC._fields_))
 
     # The two hooks on raw device pointers (`stream`: CUstream / hipStream_t / None).
     def embed_hook(self, hidden: int, token_ids: int, T: int, hidden_size: int, slots: int = 0,

@@ -25,11 +25,13 @@ from .errors import invalid, shape
 # stream, while tovl reads a NULL stream as the backend's own stream.
 _CU_STREAM_LEGACY = 1
 
-_lib = torch.library.Library("tovl", "DEF")
-_lib.define("embed_overlay_(Tensor(a!) hidden, Tensor token_ids, Tensor? slots, int active_slot, "
-            "int set_handle) -> ()")
-_lib.define("lmhead_overlay_(Tensor(a!) logits, Tensor hidden, Tensor? slots, int active_slot, "
-            "int set_handle) -> ()")
+_lib = torch.library.Library("tovl", "DEF")  # type: ignore[no-untyped-call]
+_SCHEMAS = {
+    "embed_overlay_": "(Tensor(a!) hidden, Tensor token_ids, Tensor? slots, int active_slot, int set_handle) -> ()",
+    "lmhead_overlay_": "(Tensor(a!) logits, Tensor hidden, Tensor? slots, int active_slot, int set_handle) -> ()",
+}
+for _name, _schema in _SCHEMAS.items():
+    _lib.define(_name + _schema)  # type: ignore[no-untyped-call]
 
 
 def backend_name_for(device: Union[torch.device, str]) -> str:
@@ -193,8 +195,8 @@ def _lmhead_fake(logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[tor
 
 
 for _key in ("CPU", "CUDA"):
-    _lib.impl("embed_overlay_", _embed_impl, _key)
-    _lib.impl("lmhead_overlay_", _lmhead_impl, _key)
+    _lib.impl("embed_overlay_", _embed_impl, _key)  # type: ignore[no-untyped-call]
+    _lib.impl("lmhead_overlay_", _lmhead_impl, _key)  # type: ignore[no-untyped-call]
 torch.library.register_fake("tovl::embed_overlay_", _embed_fake, lib=_lib)
 torch.library.register_fake("tovl::lmhead_overlay_", _lmhead_fake, lib=_lib)
 

@@ -119,7 +119,7 @@ class AdapterPool:
         if old_set is not None:
             event = None
             if self.device.type == "cuda":
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
             st.retired.append((old_set, event))
         st.reap(wait=False)
