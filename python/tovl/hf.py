@@ -135,7 +135,8 @@ class Attachment:
         """No row has an adapter: both hooks leave the module's output as it is."""
         return self._slots is None or (isinstance(self._slots, int) and self._slots < 0)
 
-    def _embed_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
+    def _embed_hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    output: torch.Tensor) -> torch.Tensor | None:
         if self._inactive():
             return None
         ids = args[0] if args else kwargs["input"]
@@ -155,7 +156,8 @@ class Attachment:
                 rows = rows * scale.to(rows.dtype)
         return rows
 
-    def _lmhead_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: torch.Tensor):
+    def _lmhead_hook(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     output: torch.Tensor) -> torch.Tensor | None:
         if self._inactive():
             return None
         hidden = args[0] if args else kwargs["input"]
