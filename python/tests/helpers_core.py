@@ -4,10 +4,11 @@ bf16 bit patterns, and the process's heap and descriptor counts for the leak che
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,6 +60,21 @@ def heap_in_use() -> int:
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def assert_no_leak(cycle: Callable[[int], None], warm: int, runs: int, limit: int = 64 * 1024) -> None:
+    """Run cycle(k) `warm` times, then `runs` more: the heap in use may grow by less than `limit`
+    bytes (a leak of one object per cycle shows) and the open descriptors not at all."""
+    for k in range(warm):
+        cycle(k)
+    gc.collect()
+    heap, fds = heap_in_use(), open_fds()
+    for k in range(runs):
+        cycle(k)
+    gc.collect()
+    grown = heap_in_use() - heap
+    assert open_fds() == fds
+    assert grown < limit, f"heap grew by {grown} bytes over {runs} cycles"
 
 
 def f32(bits: np.ndarray) -> np.ndarray:

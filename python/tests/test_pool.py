@@ -5,7 +5,6 @@ with the replaced set kept until its work is done; failures that leave the pool 
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from safetensors.torch import load_file
 
 import tovl
 from tovl.pool import _State
-from helpers_core import TIED, UNTIED, cases, heap_in_use, open_fds, rng
+from helpers_core import TIED, UNTIED, assert_no_leak, cases, rng
 
 
 def bf16(bits: np.ndarray) -> torch.Tensor:
@@ -194,7 +193,7 @@ def test_failed_load_leaves_the_pool_as_it_was(tmp_path: Path) -> None:
 def test_pool_cycles_leak_nothing() -> None:
     tied = [c for c in cases() if c[2] == TIED and c[3] == 0][:3]
 
-    def cycle() -> None:
+    def cycle(k: int) -> None:
         pool = tovl.AdapterPool(TIED, "cpu", max_loras=3)
         for s, (_, case, _, _) in enumerate(tied):
             pool.load(s, case / "adapter")
@@ -202,21 +201,10 @@ def test_pool_cycles_leak_nothing() -> None:
         pool.load(0, tied[2][1] / "adapter")
         h = torch.zeros(4, pool.model.info.hidden, dtype=torch.bfloat16)
         pool.embed_(h, torch.arange(4, dtype=torch.int32), 0)
-        if cycle.n % 2:  # type: ignore[attr-defined]
+        if k % 2:
             pool.close()  # else dropped: closed at GC
-        cycle.n += 1  # type: ignore[attr-defined]
 
-    cycle.n = 0  # type: ignore[attr-defined]
-    for _ in range(10):
-        cycle()
-    gc.collect()
-    heap, fds = heap_in_use(), open_fds()
-    for _ in range(100):
-        cycle()
-    gc.collect()
-    assert open_fds() == fds
-    grown = heap_in_use() - heap
-    assert grown < 64 * 1024, f"heap grew by {grown} bytes over 100 pool cycles"
+    assert_no_leak(cycle, warm=10, runs=100)
 
 
 def test_pool_device_arguments() -> None:
