@@ -53,14 +53,17 @@ _TORCH_NAMES = {
 
 def __getattr__(name: str) -> Any:
     # The torch-facing names load torch (and register the ops) on first use.
+    # Each is then kept as a module attribute, so later lookups cost a dict lookup.
     import importlib
 
     if name in ("ops", "pool", "hf"):
-        return importlib.import_module(f".{name}", __name__)
-    module = _TORCH_NAMES.get(name)
-    if module is None:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _TORCH_NAMES:
+        value = getattr(importlib.import_module(f".{_TORCH_NAMES[name]}", __name__), name)
+    else:
         raise AttributeError(f"module 'tovl' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

@@ -79,7 +79,7 @@ def _check_vector(t: torch.Tensor, name: str, op: str, T: int, device: torch.dev
         raise invalid(f"{op}: {name} is on {t.device}, the patched tensor on {device}")
     if t.shape != (T,):
         raise shape(f"{op}: {name} has shape {list(t.shape)}, expected [{T}]")
-    if T > 1 and t.stride(0) != 1:
+    if not t.is_contiguous():
         raise shape(f"{op}: {name} has stride {t.stride(0)}, expected 1 (contiguous)")
 
 
@@ -161,7 +161,8 @@ def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slo
         # The kernel reads u32 ids; clamping keeps an id beyond 2^31 from wrapping onto a real one.
         token_ids = token_ids.clamp(-1, 2**31 - 1).to(torch.int32)
     s.embed_hook(hidden.data_ptr(), token_ids.data_ptr(), T, hidden.shape[1],
-                 0 if slots is None else slots.data_ptr(), active_slot, _stream(s, hidden.device))
+                 0 if slots is None else slots.data_ptr(), active_slot,
+                 None if s.backend.name == "cpu" else _stream(s, hidden.device))
 
 
 def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
@@ -171,7 +172,7 @@ def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots
         return
     s.lmhead_hook(logits.data_ptr(), _LOGITS_DTYPES[logits.dtype], logits.stride(0) if T > 1 else logits.shape[1],
                   hidden.data_ptr(), T, hidden.shape[1], 0 if slots is None else slots.data_ptr(), active_slot,
-                  _stream(s, logits.device))
+                  None if s.backend.name == "cpu" else _stream(s, logits.device))
 
 
 def _embed_impl(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
