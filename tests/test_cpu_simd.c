@@ -134,7 +134,7 @@ Test(cpu_simd, the_widths_differ_from_other_orders) {
                                     ((tu_next(&r) & 1) ? -1.0f : 1.0f));
             w[i] = tovl_f32_to_bf16(ldexpf(1.0f + (float)tu_below(&r, 128) / 128.0f, (int)tu_below(&r, 25) - 12));
         }
-        const uint16_t *xs[TOVL_CPU_TILE_X] = {x, x}, *ws[TOVL_CPU_TILE_W] = {w, w, w, w};
+        const uint16_t *xs[TOVL_CPU_TILE_X] = {x, x}, *ws[TOVL_CPU_TILE_W] = {w, w};
         const float want = spec_dot(x, w, h);
         for (size_t o = 0; o < n_ops; o++) {
             float got[TOVL_CPU_TILE_X * TOVL_CPU_TILE_W];

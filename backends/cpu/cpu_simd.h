@@ -20,7 +20,7 @@
  * weight rows, all of length h (bf16). out[a * TOVL_CPU_TILE_W + b] =
  * dot(x[a], w[b]) in the spec's order. */
 #define TOVL_CPU_TILE_X 2
-#define TOVL_CPU_TILE_W 4
+#define TOVL_CPU_TILE_W 2
 typedef void (*tovl_cpu_dot_tile_fn)(const uint16_t *const x[TOVL_CPU_TILE_X], uint32_t nx,
                                      const uint16_t *const w[TOVL_CPU_TILE_W], uint32_t nw, uint32_t h, float *out);
 /* rowdiff with tol > 0 over one row pair: 1 when some element pair has
