@@ -5,8 +5,10 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/cpu_simd.h"
@@ -462,4 +464,73 @@ Test(cpu_simd, concurrent_launches_on_one_backend_agree) {
     free(want);
     lm_case_free(&c);
     tovl_backend_close(be);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The bench members: wall-clock medians and a memcpy bandwidth.             */
+/* ------------------------------------------------------------------------ */
+Test(cpu_simd, time_kernel_and_copy_bandwidth_give_numbers_and_refuse_bad_input) {
+    tovl_backend *be;
+    cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
+    const tovl_backend_iface *iface = tovl_backend_get_iface(be);
+    void *ctx = tovl_backend_get_context(be);
+    cr_assert_not_null(iface->time_kernel);
+    cr_assert_not_null(iface->copy_bandwidth);
+    const uint32_t rows = 64, h = 256;
+    tovl_devptr buf = 0;
+    cr_assert_eq(tovl_alloc(be, 2u * rows * h * 2 + rows * 4, &buf), TOVL_OK);
+    cr_assert_eq(tovl_fill_u32(be, buf, 0x3F803F80u, 2u * rows * h * 2), TOVL_OK);
+    cr_assert_eq(tovl_fill_u32(be, buf + 2u * rows * h * 2, 0xEEEEEEEEu, rows * 4), TOVL_OK);
+    tovl_rowdiff_args a = {.a = buf, .b = buf + rows * h * 2, .flags = buf + 2u * rows * h * 2, .rows = rows, .h = h};
+    const uint32_t grid[3] = {rows, 1, 1};
+    tovl_kernel_timing t = {0};
+    cr_assert_eq(iface->time_kernel(ctx, tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF), grid, &a, sizeof a, 5, 3, &t),
+                 TOVL_OK, "%s", tovl_last_error());
+    cr_expect_gt(t.batched_us, 0.0);
+    cr_expect_gt(t.single_us, 0.0);
+    cr_expect_eq(t.repeats, 3);
+    uint32_t flags[64];
+    cr_assert_eq(tovl_download(be, flags, a.flags, sizeof flags), TOVL_OK);
+    for (uint32_t i = 0; i < rows; i++) cr_expect_eq(flags[i], 0, "timed rowdiff flagged identical row %u", i);
+    double gbps = 0;
+    cr_assert_eq(iface->copy_bandwidth(ctx, (8u << 20) + 12345, 3, &gbps), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_gt(gbps, 0.0);
+    cr_expect_eq(iface->time_kernel(ctx, 0, grid, &a, sizeof a, 5, 3, &t), TOVL_ERR_LAUNCH);
+    cr_expect_eq(iface->time_kernel(ctx, tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF), grid, &a, sizeof a - 8, 5, 3, &t),
+                 TOVL_ERR_LAUNCH);
+    cr_expect_eq(iface->time_kernel(ctx, tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF), grid, &a, sizeof a, 0, 3, &t),
+                 TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(iface->copy_bandwidth(ctx, 1024, 0, &gbps), TOVL_ERR_INVALID_ARGUMENT);
+    tovl_free(be, buf);
+    tovl_backend_close(be);
+}
+
+Test(cpu_simd, bench_cli_runs_on_the_cpu_backend, .timeout = 300) {
+    char json_path[] = "/tmp/tovl_cpu_bench_XXXXXX";
+    const int fd = mkstemp(json_path);
+    cr_assert_geq(fd, 0, "mkstemp");
+    close(fd);
+    char args[256], err[4096];
+    snprintf(args, sizeof args,
+             "bench --backend cpu --quick --tokens 9,2 --batch 3 --repeats 3 --seed %llu --json '%s'",
+             (unsigned long long)tu_seed(), json_path);
+    const int rc = tu_run_cli(TOVL_CLI, NULL, args, err, sizeof err);
+    cr_assert_eq(rc, 0, "tovl %s: exit %d: %s", args, rc, err);
+    FILE *f = fopen(json_path, "r");
+    cr_assert_not_null(f, "no --json file");
+    static char text[1 << 16];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(json_path);
+    size_t rows = 0;
+    for (const char *p = strstr(text, "\"graph_us\""); p; p = strstr(p + 1, "\"graph_us\"")) {
+        cr_expect_gt(strtod(p + strlen("\"graph_us\":"), NULL), 0.0, "a row without a time: %.80s", p);
+        rows++;
+    }
+    cr_expect_eq(rows, 7, "rowdiff and three hooks at each of two sizes:\n%s", text);
+    cr_expect(strstr(text, "\"backend\":\t\"cpu\"") != NULL, "%s", text);
+    const char *copy = strstr(text, "\"copy_gbps\":");
+    cr_assert_not_null(copy);
+    cr_expect_gt(strtod(copy + strlen("\"copy_gbps\":"), NULL), 0.0, "no copy bandwidth: %s", text);
 }
