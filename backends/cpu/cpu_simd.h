@@ -2,12 +2,13 @@
  * chosen at run time, and the thread pool that splits cells across cores.
  *
  * Every width computes exactly the spec's order (docs/SPEC.md, "The dot
- * product is the same bits on every backend"): a vector of W floats holds W
- * consecutive logical lanes, so one vector multiply followed by one vector add
- * (never fused: these files are compiled with -ffp-contract=off and the SSE2 and
- * AVX2 files without -mfma) updates lanes l .. l+W-1 exactly as the scalar loop
- * does element by element. The tree is the spec's, element by element. The
- * tests check every width against the literal scalar loop, bit for bit. */
+ * product is the same bits on every backend"): the 256 logical lanes are
+ * independent sums, each kept in one element of a vector of W floats, so one
+ * vector multiply followed by one vector add (never fused: these files are
+ * compiled with -ffp-contract=off, the SSE2 and AVX2 files without -mfma)
+ * updates W lanes exactly as the scalar loop does element by element. The tree
+ * is the spec's, element by element. The tests check every width against the
+ * literal scalar loop, bit for bit. */
 #ifndef TOVL_CPU_SIMD_H
 #define TOVL_CPU_SIMD_H
 
