@@ -1,7 +1,11 @@
 /* A small pthread pool: its workers start once (at backend open) and sleep on
- * a condition variable between runs; a run wakes them, the caller works too,
- * and the run returns when every participant is done. Nothing allocates after
- * creation, so the hooks stay allocation-free. */
+ * a condition variable between runs. A run wakes them and works itself; the
+ * work is shared through the job's own atomic counter, so the caller alone can
+ * finish it. A worker joins only while the run is open: when the caller is
+ * done it closes the run and waits for the workers that joined, never for one
+ * the scheduler has not woken yet (on a loaded machine that could take a time
+ * slice of milliseconds). Nothing allocates after creation, so the hooks stay
+ * allocation-free. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -27,7 +31,8 @@ struct tovl_cpu_pool {
     pthread_cond_t wake, done;
     uint64_t generation;   /* bumped per run */
     unsigned want;         /* participants of this run, the caller included */
-    unsigned pending;      /* workers of this run not yet done */
+    bool open;             /* workers may still join this run */
+    unsigned active;       /* workers that joined this run and are not done */
     bool stop;
     tovl_cpu_pool_fn fn;
     void *ctx;
@@ -47,15 +52,16 @@ static void *worker_main(void *arg) {
             break;
         }
         seen = p->generation;
-        if (w->index >= p->want) {
-            continue; /* not in this run */
+        if (!p->open || w->index >= p->want) {
+            continue; /* too late for this run, or not in it */
         }
+        p->active++;
         tovl_cpu_pool_fn fn = p->fn;
         void *ctx = p->ctx;
         pthread_mutex_unlock(&p->lock);
         fn(ctx, w->index);
         pthread_mutex_lock(&p->lock);
-        if (--p->pending == 0) {
+        if (--p->active == 0 && !p->open) {
             pthread_cond_signal(&p->done);
         }
     }
@@ -144,13 +150,15 @@ void tovl_cpu_pool_run(tovl_cpu_pool *p, unsigned want, tovl_cpu_pool_fn fn, voi
     p->fn = fn;
     p->ctx = ctx;
     p->want = want;
-    p->pending = want - 1;
+    p->open = true;
+    p->active = 0;
     p->generation++;
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
     fn(ctx, 0);
     pthread_mutex_lock(&p->lock);
-    while (p->pending) {
+    p->open = false;
+    while (p->active) {
         pthread_cond_wait(&p->done, &p->lock);
     }
     pthread_mutex_unlock(&p->lock);

@@ -58,8 +58,9 @@ tovl_status tovl_cpu_simd_from_env(const tovl_cpu_simd_ops **out);
 /* The thread pool: created once (per backend), every hook runs synchronously
  * on the caller and the pool's workers, without allocating. */
 typedef struct tovl_cpu_pool tovl_cpu_pool;
-/* fn(ctx, worker) runs once on each participating thread (worker 0 is the
- * caller); the work inside is shared through an atomic counter. */
+/* fn(ctx, worker) runs on the caller (worker 0) and on each worker that wakes
+ * while the caller is still busy; the work inside must be shared through an
+ * atomic counter, so that any number of participants finishes it. */
 typedef void (*tovl_cpu_pool_fn)(void *ctx, unsigned worker);
 
 /* TOVL_CPU_THREADS when set (1 .. 1024), else the online cores. A bad value:
@@ -70,7 +71,7 @@ tovl_status tovl_cpu_pool_create(unsigned threads, tovl_cpu_pool **out);
 void tovl_cpu_pool_destroy(tovl_cpu_pool *pool);
 unsigned tovl_cpu_pool_threads(const tovl_cpu_pool *pool);
 /* Run fn on up to `want` threads (the caller and want - 1 workers) and return
- * when all are done. When another thread is using the pool, fn runs on the
+ * when the caller and every worker that joined are done. When another thread is using the pool, fn runs on the
  * caller alone (the work is the same, only slower). A NULL pool: the caller. */
 void tovl_cpu_pool_run(tovl_cpu_pool *pool, unsigned want, tovl_cpu_pool_fn fn, void *ctx);
 
