@@ -34,6 +34,7 @@ import time
 
 import torch
 
+sys.dont_write_bytecode = True  # no __pycache__ in bench/
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_peer import PEERS, Batch, Overlays, lm_cells, random_bf16  # noqa: E402
 
