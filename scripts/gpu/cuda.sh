@@ -29,7 +29,7 @@
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
-# TOVL_CUDA_SKIP_TORCH=1 (no PyTorch peer).
+# TOVL_CUDA_SKIP_TORCH=1 (neither the PyTorch nor the Triton peer).
 set -uo pipefail
 part=cuda step_tail=6
 source "$(dirname "$0")/../lib/gpu-part.sh"
