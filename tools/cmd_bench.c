@@ -503,7 +503,7 @@ static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
     tovl_devptr d_slot = 0, d_id = 0, hidden = 0;
     tovl_status st = upload_new(run->be, &no_slot, sizeof no_slot, &d_slot);
     if (st == TOVL_OK) st = upload_new(run->be, &id, sizeof id, &d_id);
-    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden);
+    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden, NULL);
     const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
     if (st == TOVL_OK) {
         tovl_embed_overlay_args e = {hidden, d_id, d_slot, tab.embed_slot_map_table, tab.embed_rows_table,
