@@ -80,6 +80,8 @@ Test(cpu_simd, dot_tiles_match_the_spec_at_every_width) {
                 buf[i] = nasty ? nasty_bf16(&r) : tu_bf16(&r);
             if (nasty && trial == 5) /* one clean row pair whose products are all subnormal */
                 for (uint32_t i = 0; i < h; i++) buf[i] = 0x0800, buf[TOVL_CPU_TILE_X * h + i] = 0x3000;
+            if (nasty && trial == 4) /* one row pair whose products all overflow: that cell is +Inf */
+                for (uint32_t i = 0; i < h; i++) buf[h + i] = 0x7F7F, buf[(TOVL_CPU_TILE_X + 1) * (size_t)h + i] = 0x7F7F;
             const uint16_t *x[TOVL_CPU_TILE_X], *w[TOVL_CPU_TILE_W];
             for (int a = 0; a < TOVL_CPU_TILE_X; a++) x[a] = buf + (size_t)a * h;
             for (int b = 0; b < TOVL_CPU_TILE_W; b++) w[b] = buf + (size_t)(TOVL_CPU_TILE_X + b) * h;
