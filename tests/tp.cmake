@@ -1,8 +1,64 @@
 # Vocab-parallel shard sets (issue 24), included by tests/CMakeLists.txt after
-# cuda.cmake: on every backend present, and on the CUDA kernels' host
-# emulation when tests/cuda.cmake built it.
+# cuda.cmake:
+#   test_tp            the library on every backend present, and on the CUDA
+#                      kernels' host emulation when tests/cuda.cmake built it;
+#   test_tp_cli_BACKEND  `tovl run --tp N` writes the same file as --tp 1
+#                      (fixtures tied and untied, padded and not, bf16 and f32
+#                      logits, N = 2 .. 8 and 16). Also run as a script:
+#                      cmake -DTOVL=... -DFIXTURES=... -DWORK=... -DBACKEND=... -P tp.cmake
+
+if(CMAKE_SCRIPT_MODE_FILE)
+  # case dir, base dir, padded vocab (0: config vocab_size)
+  set(cases "mts_both_untied bases/untied 0" "tt_dict_both_tied_diff bases/tied 0"
+            "vllm_untied bases/untied 136" "tt_resized_tied bases/tied 136" "mts_lm_tied bases/tied 0")
+  file(MAKE_DIRECTORY ${WORK})
+  set(compared 0)
+  foreach(c ${cases})
+    separate_arguments(c)
+    list(GET c 0 case)
+    list(GET c 1 base)
+    list(GET c 2 vocab)
+    foreach(logits bf16 f32)
+      foreach(tp 1 2 3 4 5 6 7 8 16)
+        set(out ${WORK}/${case}-${logits}-tp${tp}.safetensors)
+        execute_process(
+          COMMAND ${TOVL} run --backend ${BACKEND} --base ${FIXTURES}/${base} --adapter ${FIXTURES}/${case}/adapter
+                  --batch ${FIXTURES}/${case}/expected.safetensors --out ${out} --vocab ${vocab} --logits ${logits}
+                  --tp ${tp}
+          RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+        if(NOT rc EQUAL 0)
+          message(FATAL_ERROR "${case} ${logits} --tp ${tp}: tovl run exited ${rc}: ${stderr}")
+        endif()
+        if(tp GREATER 1)
+          execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/${case}-${logits}-tp1.safetensors ${out}
+                          RESULT_VARIABLE same)
+          if(NOT same EQUAL 0)
+            message(FATAL_ERROR "${case} ${logits}: the output of --tp ${tp} differs from --tp 1 (${out})")
+          endif()
+          math(EXPR compared "${compared} + 1")
+        endif()
+      endforeach()
+    endforeach()
+  endforeach()
+  message(STATUS "tovl run --backend ${BACKEND}: ${compared} outputs of --tp N identical to --tp 1")
+  return()
+endif()
+
 tovl_add_test(test_tp test_tp.c)
 if(TARGET tovl_cuda_emu)
   target_compile_definitions(test_tp PRIVATE TOVL_TP_WITH_EMU=1)
   target_link_libraries(test_tp PRIVATE tovl_cuda_emu)
+endif()
+
+if(TARGET tovl_cli)
+  set(tp_cli_backends cpu)
+  if(TOVL_HAVE_VULKAN)
+    list(APPEND tp_cli_backends vulkan)
+  endif()
+  foreach(b ${tp_cli_backends})
+    add_test(NAME test_tp_cli_${b}
+      COMMAND ${CMAKE_COMMAND} -DTOVL=$<TARGET_FILE:tovl_cli> -DFIXTURES=${CMAKE_CURRENT_SOURCE_DIR}/fixtures/peft_extra
+              -DWORK=${CMAKE_CURRENT_BINARY_DIR}/tp_cli_${b} -DBACKEND=${b} -P ${CMAKE_CURRENT_LIST_FILE})
+    set_tests_properties(test_tp_cli_${b} PROPERTIES TIMEOUT 600)
+  endforeach()
 endif()
