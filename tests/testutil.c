@@ -218,25 +218,47 @@ tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const ui
     return tovl_build_overlay(be, &k, &d, out);
 }
 
-int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, size_t cap) {
-    if (access(tool, X_OK) != 0) {
-        cr_skip_test("the tovl binary is not built: %s", tool);
-    }
-    char err_path[] = "/tmp/tovl_cli_err_XXXXXX";
-    const int fd = mkstemp(err_path);
-    cr_assert_geq(fd, 0, "mkstemp for the CLI's stderr");
+/* A temporary file for one of the CLI's output streams; its path in `path`. */
+static void cli_stream_file(char path[32]) {
+    strcpy(path, "/tmp/tovl_cli_out_XXXXXX");
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0, "mkstemp for the CLI's output");
     close(fd);
-    char cmd[4096];
-    const int len = snprintf(cmd, sizeof cmd, "%s%s%s'%s' %s >/dev/null 2>'%s'", dir ? "cd '" : "", dir ? dir : "",
-                             dir ? "' && " : "", tool, args, err_path);
-    cr_assert(len > 0 && (size_t)len < sizeof cmd, "the CLI command line is too long: %s", args);
-    const int rc = system(cmd);
-    FILE *f = fopen(err_path, "r");
-    const size_t n = f ? fread(err, 1, cap - 1, f) : 0;
-    err[n] = '\0';
+}
+
+/* Reads the file at `path` into buf (cut to cap - 1 bytes) and removes it. */
+static void cli_stream_take(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    const size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    buf[n] = '\0';
     if (f) {
         fclose(f);
     }
-    unlink(err_path);
+    unlink(path);
+}
+
+int tu_run_cli_output(const char *tool, const char *dir, const char *args, char *out, size_t out_cap, char *err,
+                      size_t err_cap) {
+    if (access(tool, X_OK) != 0) {
+        cr_skip_test("the tovl binary is not built: %s", tool);
+    }
+    char out_path[32], err_path[32];
+    cli_stream_file(out_path);
+    cli_stream_file(err_path);
+    char cmd[4096];
+    const int len = snprintf(cmd, sizeof cmd, "%s%s%s'%s' %s >'%s' 2>'%s'", dir ? "cd '" : "", dir ? dir : "",
+                             dir ? "' && " : "", tool, args, out ? out_path : "/dev/null", err_path);
+    cr_assert(len > 0 && (size_t)len < sizeof cmd, "the CLI command line is too long: %s", args);
+    const int rc = system(cmd);
+    if (out) {
+        cli_stream_take(out_path, out, out_cap);
+    } else {
+        unlink(out_path);
+    }
+    cli_stream_take(err_path, err, err_cap);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, size_t cap) {
+    return tu_run_cli_output(tool, dir, args, NULL, 0, err, cap);
 }

@@ -53,6 +53,9 @@ long tu_live(const tu_wrap *w);
  * not exit) with its stderr, cut to cap - 1 bytes, in err. Skips the test
  * when `tool` is not an executable (the tools were not built). */
 int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, size_t cap);
+/* The same with its stdout kept too, cut to out_cap - 1 bytes, in out. */
+int tu_run_cli_output(const char *tool, const char *dir, const char *args, char *out, size_t out_cap, char *err,
+                      size_t err_cap);
 
 /* Build an overlay from host data in one call (test shorthand). */
 tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,

@@ -404,47 +404,55 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                          .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
                          .tokens = {512, 64}, .n_tokens = 2};
     bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(arg, "--help")) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"quick", no_argument, NULL, 'q'},
+                                         {"tokens", required_argument, NULL, 't'},
+                                         {"backend", required_argument, NULL, 'k'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"batch", required_argument, NULL, 'b'},
+                                         {"repeats", required_argument, NULL, 'r'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        const char *value = optarg;
+        if (c == 'h') {
             usage(stdout);
             return 0;
-        } else if (!strcmp(arg, "--quick")) {
+        } else if (c == 'q') {
             quick = true; /* its batch sizes unless --tokens gives them */
             o->batch = 4;
             o->repeats = 3;
             o->rowdiff_rows = 2048;
-        } else if (value && !strcmp(arg, "--tokens")) {
+        } else if (c == 't') {
             if (!parse_tokens(value, o)) {
                 return 2;
             }
             tokens_given = true;
-            i++;
-        } else if (value && !strcmp(arg, "--backend")) {
+        } else if (c == 'k') {
             o->backend = value;
-            i++;
-        } else if (value && !strcmp(arg, "--json")) {
+        } else if (c == 'j') {
             o->json = value;
-            i++;
-        } else if (value && !strcmp(arg, "--seed")) {
+        } else if (c == 's') {
             char *end;
             o->seed = strtoull(value, &end, 0);
             if (*end || !*value) {
                 fprintf(stderr, "tovl bench: --seed '%s' is not a number\n", value);
                 return 2;
             }
-            i++;
-        } else if (value && (!strcmp(arg, "--batch") || !strcmp(arg, "--repeats"))) {
-            if (!parse_u32(value, !strcmp(arg, "--batch") ? &o->batch : &o->repeats)) {
-                fprintf(stderr, "tovl bench: %s '%s' is not a count >= 1\n", arg, value);
+        } else if (c == 'b' || c == 'r') {
+            if (!parse_u32(value, c == 'b' ? &o->batch : &o->repeats)) {
+                fprintf(stderr, "tovl bench: %s '%s' is not a count >= 1\n", c == 'b' ? "--batch" : "--repeats",
+                        value);
                 return 2;
             }
-            i++;
         } else {
-            fprintf(stderr, "tovl bench: unknown or incomplete option '%s'\n", arg);
-            usage(stderr);
-            return 2;
+            return tovl_cli_bad_option("tovl bench", c, argv, opts, usage);
         }
+    }
+    if (tovl_cli_no_operands("tovl bench", argc, argv, usage)) {
+        return 2;
     }
     if (quick && !tokens_given) {
         o->tokens[0] = 64;

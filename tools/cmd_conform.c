@@ -94,28 +94,42 @@ int tovl_cmd_conform(int argc, char **argv) {
     const char *only = NULL, *json = NULL;
     uint64_t seed = tovl_conform_fresh_seed();
     int verbose = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help")) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"backend", required_argument, NULL, 'b'},
+                                         {"seed", required_argument, NULL, 's'},
+                                         {"json", required_argument, NULL, 'j'},
+                                         {"verbose", no_argument, NULL, 'v'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
-            only = argv[++i];
-        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-            char *end;
-            seed = strtoull(argv[++i], &end, 0);
+        case 'b':
+            only = optarg;
+            break;
+        case 's':
+            seed = strtoull(optarg, &end, 0);
             if (*end) {
-                fprintf(stderr, "tovl conform: --seed '%s' is not a number\n", argv[i]);
+                fprintf(stderr, "tovl conform: --seed '%s' is not a number\n", optarg);
                 return 2;
             }
-        } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
-            json = argv[++i];
-        } else if (!strcmp(argv[i], "--verbose")) {
+            break;
+        case 'j':
+            json = optarg;
+            break;
+        case 'v':
             verbose = 1;
-        } else {
-            fprintf(stderr, "tovl conform: unknown or incomplete option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
+            break;
+        default:
+            return tovl_cli_bad_option("tovl conform", c, argv, opts, usage);
         }
+    }
+    if (tovl_cli_no_operands("tovl conform", argc, argv, usage)) {
+        return 2;
     }
     printf("tovl conform: seed %" PRIu64 " (replay with --seed %" PRIu64 ")\n", seed, seed);
     tovl_backend_info all[8], infos[8];

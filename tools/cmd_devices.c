@@ -11,14 +11,23 @@ static const char *const kernel_names[] = {TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBE
 static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals", "float_controls",
                                             "programmatic_dependent_launch"};
 
+static void usage(FILE *f) {
+    fprintf(f, "usage: tovl devices\n\nLists each backend: present or why not, its device, whether each of the\n"
+               "four kernels resolved, and device facts (subgroup size, f32 denormals).\n");
+}
+
 int tovl_cmd_devices(int argc, char **argv) {
-    if (argc > 1) {
-        if (strcmp(argv[1], "--help") == 0) {
-            printf("usage: tovl devices\n\nLists each backend: present or why not, its device, whether each of the\n"
-                   "four kernels resolved, and device facts (subgroup size, f32 denormals).\n");
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
             return 0;
         }
-        fprintf(stderr, "tovl devices: unexpected argument '%s'\n", argv[1]);
+        return tovl_cli_bad_option("tovl devices", c, argv, opts, usage);
+    }
+    if (tovl_cli_no_operands("tovl devices", argc, argv, usage)) {
         return 2;
     }
     tovl_backend_info infos[8];

@@ -186,34 +186,46 @@ int tovl_cmd_inspect(int argc, char **argv) {
     const char *adapter_dir = NULL, *base_dir = NULL, *backend_name = "cpu";
     uint32_t padded = 0;
     bool json = false;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"base", required_argument, NULL, 'b'},
+                                         {"vocab", required_argument, NULL, 'v'},
+                                         {"backend", required_argument, NULL, 'B'},
+                                         {"json", no_argument, NULL, 'j'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
             usage(stdout);
             return 0;
-        } else if (strcmp(a, "--json") == 0) {
+        case 'j':
             json = true;
-        } else if ((strcmp(a, "--base") == 0 || strcmp(a, "--backend") == 0 || strcmp(a, "--vocab") == 0) &&
-                   i + 1 < argc) {
-            const char *v = argv[++i];
-            if (strcmp(a, "--base") == 0) {
-                base_dir = v;
-            } else if (strcmp(a, "--backend") == 0) {
-                backend_name = v;
-            } else if (!parse_u32(v, &padded)) {
-                fprintf(stderr, "tovl inspect: --vocab '%s' is not a non-negative integer\n", v);
+            break;
+        case 'b':
+            base_dir = optarg;
+            break;
+        case 'B':
+            backend_name = optarg;
+            break;
+        case 'v':
+            if (!parse_u32(optarg, &padded)) {
+                fprintf(stderr, "tovl inspect: --vocab '%s' is not a non-negative integer\n", optarg);
                 return 2;
             }
-        } else if (a[0] != '-' && !adapter_dir) {
-            adapter_dir = a;
-        } else {
-            fprintf(stderr, "tovl inspect: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
+            break;
+        default:
+            return tovl_cli_bad_option("tovl inspect", c, argv, opts, usage);
         }
+    }
+    if (optind < argc) {
+        adapter_dir = argv[optind++]; /* the one operand */
     }
     if (!adapter_dir) {
         usage(stderr);
+        return 2;
+    }
+    if (tovl_cli_no_operands("tovl inspect", argc, argv, usage)) {
         return 2;
     }
     tovl_adapter *adapter = NULL;

@@ -55,33 +55,38 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->backend = "cpu";
     o->logits = TOVL_LOGITS_BF16;
     o->tp = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
+                                         {"base", required_argument, NULL, 'b'},
+                                         {"adapter", required_argument, NULL, 'a'},
+                                         {"batch", required_argument, NULL, 'B'},
+                                         {"out", required_argument, NULL, 'o'},
+                                         {"backend", required_argument, NULL, 'k'},
+                                         {"logits", required_argument, NULL, 'l'},
+                                         {"vocab", required_argument, NULL, 'v'},
+                                         {"tp", required_argument, NULL, 't'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        const char *v = optarg;
+        if (c == 'h') {
             usage(stdout);
             return 1;
-        }
-        if (i + 1 >= argc || a[0] != '-') {
-            fprintf(stderr, "tovl run: unexpected argument '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (strcmp(a, "--base") == 0) {
+        } else if (c == 'b') {
             o->base = v;
-        } else if (strcmp(a, "--batch") == 0) {
+        } else if (c == 'B') {
             o->batch = v;
-        } else if (strcmp(a, "--out") == 0) {
+        } else if (c == 'o') {
             o->out = v;
-        } else if (strcmp(a, "--backend") == 0) {
+        } else if (c == 'k') {
             o->backend = v;
-        } else if (strcmp(a, "--adapter") == 0) {
+        } else if (c == 'a') {
             if (o->n_adapters == MAX_ADAPTERS) {
                 fprintf(stderr, "tovl run: more than %d adapters\n", MAX_ADAPTERS);
                 return 2;
             }
             o->adapters[o->n_adapters++] = v;
-        } else if (strcmp(a, "--logits") == 0) {
+        } else if (c == 'l') {
             if (strcmp(v, "f32") == 0) {
                 o->logits = TOVL_LOGITS_F32;
             } else if (strcmp(v, "bf16") == 0) {
@@ -90,11 +95,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "tovl run: --logits '%s': expected f32 or bf16\n", v);
                 return 2;
             }
-        } else if (strcmp(a, "--vocab") == 0 || strcmp(a, "--tp") == 0) {
+        } else if (c == 'v' || c == 't') {
             char *end;
             errno = 0;
             unsigned long long n = strtoull(v, &end, 10);
-            bool tp = strcmp(a, "--tp") == 0;
+            const bool tp = c == 't';
             if (errno || end == v || *end || v[0] == '-' || n > UINT32_MAX || (tp && (n == 0 || n > TP_MAX))) {
                 fprintf(stderr, tp ? "tovl run: --tp '%s' is not a rank count in 1 .. %d\n"
                                    : "tovl run: --vocab '%s' is not a non-negative integer\n",
@@ -103,10 +108,11 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             }
             *(tp ? &o->tp : &o->padded_vocab) = (uint32_t)n;
         } else {
-            fprintf(stderr, "tovl run: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return tovl_cli_bad_option("tovl run", c, argv, opts, usage);
         }
+    }
+    if (tovl_cli_no_operands("tovl run", argc, argv, usage)) {
+        return 2;
     }
     if (!o->base || !o->batch || !o->out) {
         fprintf(stderr, "tovl run: --base, --batch and --out are required\n");

@@ -27,20 +27,34 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    if (strcmp(argv[1], "--version") == 0) {
-        printf("tovl %s\n", tovl_version());
-        return 0;
-    }
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        if (strcmp(argv[1], commands[i].name) == 0) {
-            return commands[i].run(argc - 1, argv + 1);
+    static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {"version", no_argument, NULL, 'V'},
+                                         {NULL, 0, NULL, 0}};
+    tovl_cli_getopt_start();
+    int c;
+    /* "+": stop at the command name; what follows is the command's. */
+    while ((c = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("tovl %s\n", tovl_version());
+            return 0;
+        default:
+            return tovl_cli_bad_option("tovl", c, argv, opts, usage);
         }
     }
-    fprintf(stderr, "tovl: unknown command '%s'\n\n", argv[1]);
+    if (optind >= argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *name = argv[optind];
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(name, commands[i].name) == 0) {
+            return commands[i].run(argc - optind, argv + optind);
+        }
+    }
+    fprintf(stderr, "tovl: unknown command '%s'\n\n", name);
     usage(stderr);
     return 2;
 }
