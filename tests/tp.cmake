@@ -4,7 +4,9 @@
 #                      kernels' host emulation when tests/cuda.cmake built it;
 #   test_tp_cli_BACKEND  `tovl run --tp N` writes the same file as --tp 1
 #                      (fixtures tied and untied, padded and not, bf16 and f32
-#                      logits, N = 2 .. 8 and 16). Also run as a script:
+#                      logits, N = 2 .. 8 and 16), and `tovl inspect --tp N`
+#                      lists shards whose cells add up to the lm_head's.
+#                      Also run as a script:
 #                      cmake -DTOVL=... -DFIXTURES=... -DWORK=... -DBACKEND=... -P tp.cmake
 
 if(CMAKE_SCRIPT_MODE_FILE)
@@ -38,6 +40,44 @@ if(CMAKE_SCRIPT_MODE_FILE)
           math(EXPR compared "${compared} + 1")
         endif()
       endforeach()
+    endforeach()
+  endforeach()
+  # inspect --tp N: the shards' cells add up to the adapter's lm_head cells,
+  # each shard inside the padded vocab, in order.
+  foreach(c ${cases})
+    separate_arguments(c)
+    list(GET c 0 case)
+    list(GET c 1 base)
+    list(GET c 2 vocab)
+    foreach(tp 1 2 3 4 8)
+      execute_process(
+        COMMAND ${TOVL} inspect ${FIXTURES}/${case}/adapter --base ${FIXTURES}/${base} --vocab ${vocab}
+                --backend ${BACKEND} --tp ${tp} --json
+        RESULT_VARIABLE rc OUTPUT_VARIABLE json ERROR_VARIABLE stderr)
+      if(NOT rc EQUAL 0)
+        message(FATAL_ERROR "${case}: tovl inspect --tp ${tp} exited ${rc}: ${stderr}")
+      endif()
+      string(JSON want GET "${json}" lm_head count)
+      string(JSON n LENGTH "${json}" tp shards)
+      if(NOT n EQUAL tp)
+        message(FATAL_ERROR "${case}: inspect --tp ${tp} lists ${n} shards")
+      endif()
+      set(sum 0)
+      set(next 0)
+      math(EXPR last "${tp} - 1")
+      foreach(r RANGE ${last})
+        string(JSON cells GET "${json}" tp shards ${r} lmhead_cells)
+        string(JSON start GET "${json}" tp shards ${r} start)
+        string(JSON end GET "${json}" tp shards ${r} end)
+        if(NOT start EQUAL next OR end LESS start)
+          message(FATAL_ERROR "${case}: inspect --tp ${tp}: rank ${r} is [${start}, ${end}) after ${next}")
+        endif()
+        set(next ${end})
+        math(EXPR sum "${sum} + ${cells}")
+      endforeach()
+      if(NOT sum EQUAL want)
+        message(FATAL_ERROR "${case}: inspect --tp ${tp}: the shards hold ${sum} cells, the lm_head ${want}")
+      endif()
     endforeach()
   endforeach()
   message(STATUS "tovl run --backend ${BACKEND}: ${compared} outputs of --tp N identical to --tp 1")

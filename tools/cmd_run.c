@@ -25,8 +25,6 @@
 #include "tovl/tovl.h"
 
 #define MAX_ADAPTERS 64
-/* The most tensor-parallel ranks --tp takes. */
-#define TP_MAX 1024
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE\n"
@@ -100,10 +98,10 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             errno = 0;
             unsigned long long n = strtoull(v, &end, 10);
             const bool tp = c == 't';
-            if (errno || end == v || *end || v[0] == '-' || n > UINT32_MAX || (tp && (n == 0 || n > TP_MAX))) {
+            if (errno || end == v || *end || v[0] == '-' || n > UINT32_MAX || (tp && (n == 0 || n > TOVL_CLI_TP_MAX))) {
                 fprintf(stderr, tp ? "tovl run: --tp '%s' is not a rank count in 1 .. %d\n"
                                    : "tovl run: --vocab '%s' is not a non-negative integer\n",
-                        v, TP_MAX);
+                        v, TOVL_CLI_TP_MAX);
                 return 2;
             }
             *(tp ? &o->tp : &o->padded_vocab) = (uint32_t)n;
