@@ -5,7 +5,8 @@
 #   test_tp_cli_BACKEND  `tovl run --tp N` writes the same file as --tp 1
 #                      (fixtures tied and untied, padded and not, bf16 and f32
 #                      logits, N = 2 .. 8 and 16), and `tovl inspect --tp N`
-#                      lists shards whose cells add up to the lm_head's.
+#                      lists shards whose cells add up to the lm_head's;
+#   test_tp_bench_vulkan `tovl bench --tp 3` checks its shards on lavapipe.
 #                      Also run as a script:
 #                      cmake -DTOVL=... -DFIXTURES=... -DWORK=... -DBACKEND=... -P tp.cmake
 
@@ -101,4 +102,13 @@ if(TARGET tovl_cli)
               -DWORK=${CMAKE_CURRENT_BINARY_DIR}/tp_cli_${b} -DBACKEND=${b} -P ${CMAKE_CURRENT_LIST_FILE})
     set_tests_properties(test_tp_cli_${b} PROPERTIES TIMEOUT 600)
   endforeach()
+  # `tovl bench --tp` (scripts/gpu/tp.sh's timing run) on lavapipe at one
+  # small batch: its bit-for-bit check of the shards must pass.
+  if(TOVL_HAVE_VULKAN)
+    add_test(NAME test_tp_bench_vulkan
+      COMMAND sh -c "out=$(\"$0\" bench --backend vulkan --tp 3 --quick --tokens 8 --batch 1 --repeats 2) && \
+                     printf '%s\\n' \"$out\" && printf '%s' \"$out\" | grep -q 'equal the unsharded set (2 checks)'"
+              $<TARGET_FILE:tovl_cli>)
+    set_tests_properties(test_tp_bench_vulkan PROPERTIES TIMEOUT 600)
+  endif()
 endif()
