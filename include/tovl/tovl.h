@@ -305,8 +305,9 @@ TOVL_API tovl_status tovl_vocab_shard_range(uint32_t vocab, uint32_t world_size,
  * column id - vocab_start of the rank's logits shard (the hook's ld must be >=
  * vocab_end - vocab_start); it holds only that shard's lm_head rows on the
  * device (copies it owns, with the ids already shifted, so the kernels are the
- * unsharded ones), and its grid.y (tovl_token_overlay_set_max_n_override) is
- * the largest slot's count inside the shard. The embedding side is the full
+ * unsharded ones; the overlays it retains keep their whole parts), and its
+ * grid.y (tovl_token_overlay_set_max_n_override) is the largest slot's count
+ * inside the shard. The embedding side is the full
  * overlay: tovl_embed_hook on a shard set does exactly what it does on the
  * unsharded set. Attach it after the embedding's all-reduce, where every rank
  * holds whole hidden rows; a per-shard patch before the all-reduce is not
