@@ -6,7 +6,9 @@
  * the shards concatenated equal the unsharded set's logits bit for bit. The
  * lm_head ids include every shard edge of every N; the batch has slots out of
  * range. Also: the shard sets' embed hook equals the full set's, the cells per
- * shard add up to the full set's, and the errors name their arguments. */
+ * shard add up to the full set's, and the errors name their arguments.
+ * TOVL_TEST_BACKENDS (comma list; "cuda-emu" names the emulation) limits the
+ * backends, e.g. to "cpu" under Valgrind. */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 #include <inttypes.h>
@@ -55,6 +57,9 @@ static bk open_backend(size_t index) {
 #ifdef TOVL_TP_WITH_EMU
         tu_rng r = tu_rng_for("tp-emu");
         snprintf(b.name, sizeof b.name, "cuda-emu");
+        if (!tu_backend_allowed(b.name)) {
+            cr_skip_test("cuda-emu left out by TOVL_TEST_BACKENDS=%s", getenv("TOVL_TEST_BACKENDS"));
+        }
         cr_assert_eq(tovl_cuda_emu_backend_open(&(tovl_cuda_device_shape){132}, tu_next(&r), &b.be), TOVL_OK, "%s",
                      tovl_last_error());
         fprintf(stderr, "tp: on %s (%s)\n", b.name, tovl_backend_device(b.be));
@@ -66,6 +71,9 @@ static bk open_backend(size_t index) {
     snprintf(b.name, sizeof b.name, "%s", info[index].name);
     if (!info[index].available) {
         cr_skip_test("%s backend unavailable: %s", info[index].name, info[index].reason);
+    }
+    if (!tu_backend_allowed(b.name)) {
+        cr_skip_test("%s backend left out by TOVL_TEST_BACKENDS=%s", b.name, getenv("TOVL_TEST_BACKENDS"));
     }
     b.be = tu_wrap_open(b.name, &b.w);
     cr_assert_not_null(b.be, "%s listed as available but does not open: %s", b.name, tovl_last_error());

@@ -48,6 +48,10 @@ tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap);
 /* Live device allocations (allocs - frees). */
 long tu_live(const tu_wrap *w);
 
+/* Whether backend `name` may run: TOVL_TEST_BACKENDS (a comma list, e.g.
+ * "cpu" under Valgrind) names it, or is unset or empty. */
+bool tu_backend_allowed(const char *name);
+
 /* Runs the tovl binary at `tool` with `args` (a shell fragment) in `dir`
  * (NULL: here), its stdout discarded; returns its exit status (-1 when it did
  * not exit) with its stderr, cut to cap - 1 bytes, in err. Skips the test
