@@ -27,16 +27,13 @@ if [ ! -x "$tovl" ] || [ ! -x "$build/tests/test_tp" ]; then
   exit 1
 fi
 step devices "$tovl" devices
-present=$(awk '$2 ~ /^present/ {print $1}' "$out/devices.log" | tr '\n' ' ')
+present=$(present_backends)
 echo "tp: backends present: $present"
 
 # 1. The library on every backend present; an absent one skips by design.
 step_skip_ok=1 step test_tp env TOVL_TEST_SEED="$fresh_seed" "$build/tests/test_tp" --jobs 2 --verbose
-for b in $present; do
-  if ! grep -q "tp: on $b " "$out/test_tp.log"; then
-    summary+=("FAIL  test_tp: $b is present but test_tp did not run on it")
-  fi
-done
+# shellcheck disable=SC2086 # one word per backend
+expect_ran_on test_tp tp $present
 
 # 2. The CLI: --tp N against --tp 1, file for file.
 for b in $present; do
