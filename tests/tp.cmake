@@ -7,10 +7,25 @@
 #                      logits, N = 2 .. 8 and 16), and `tovl inspect --tp N`
 #                      lists shards whose cells add up to the lm_head's;
 #   test_tp_bench_vulkan `tovl bench --tp 3` checks its shards on lavapipe.
-#                      Also run as a script:
-#                      cmake -DTOVL=... -DFIXTURES=... -DWORK=... -DBACKEND=... -P tp.cmake
+# The last two run this file as a script: cmake -DTOVL=... -DFIXTURES=...
+# -DWORK=... -DBACKEND=... [-DMODE=bench] [-DPRELOAD=...] -P tp.cmake
 
 if(CMAKE_SCRIPT_MODE_FILE)
+  # PRELOAD (sanitizer builds): the environment entry the tovl processes
+  # alone run with (tests/hardening.cmake's driver-module shim), not cmake.
+  set(tovl ${TOVL})
+  if(PRELOAD)
+    set(tovl ${CMAKE_COMMAND} -E env "${PRELOAD}" ${TOVL})
+  endif()
+  if(MODE STREQUAL "bench")
+    execute_process(COMMAND ${tovl} bench --backend ${BACKEND} --tp 3 --quick --tokens 8 --batch 1 --repeats 2
+                    RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
+    message("${stdout}${stderr}")
+    if(NOT rc EQUAL 0 OR NOT stdout MATCHES "equal the unsharded set \\(2 checks\\)")
+      message(FATAL_ERROR "tovl bench --tp 3 --backend ${BACKEND}: exit ${rc}, or the shards' check is missing")
+    endif()
+    return()
+  endif()
   # case dir, base dir, padded vocab (0: config vocab_size)
   set(cases "mts_both_untied bases/untied 0" "tt_dict_both_tied_diff bases/tied 0"
             "vllm_untied bases/untied 136" "tt_resized_tied bases/tied 136" "mts_lm_tied bases/tied 0")
@@ -25,7 +40,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
       foreach(tp 1 2 3 4 5 6 7 8 16)
         set(out ${WORK}/${case}-${logits}-tp${tp}.safetensors)
         execute_process(
-          COMMAND ${TOVL} run --backend ${BACKEND} --base ${FIXTURES}/${base} --adapter ${FIXTURES}/${case}/adapter
+          COMMAND ${tovl} run --backend ${BACKEND} --base ${FIXTURES}/${base} --adapter ${FIXTURES}/${case}/adapter
                   --batch ${FIXTURES}/${case}/expected.safetensors --out ${out} --vocab ${vocab} --logits ${logits}
                   --tp ${tp}
           RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
@@ -52,7 +67,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
     list(GET c 2 vocab)
     foreach(tp 1 2 3 4 8)
       execute_process(
-        COMMAND ${TOVL} inspect ${FIXTURES}/${case}/adapter --base ${FIXTURES}/${base} --vocab ${vocab}
+        COMMAND ${tovl} inspect ${FIXTURES}/${case}/adapter --base ${FIXTURES}/${base} --vocab ${vocab}
                 --backend ${BACKEND} --tp ${tp} --json
         RESULT_VARIABLE rc OUTPUT_VARIABLE json ERROR_VARIABLE stderr)
       if(NOT rc EQUAL 0)
@@ -96,19 +111,22 @@ if(TARGET tovl_cli)
   if(TOVL_HAVE_VULKAN)
     list(APPEND tp_cli_backends vulkan)
   endif()
+  set(tp_preload "")
+  if(TOVL_SANITIZER_PRELOAD) # set by hardening.cmake in sanitizer builds
+    set(tp_preload "-DPRELOAD=${TOVL_SANITIZER_PRELOAD}")
+  endif()
   foreach(b ${tp_cli_backends})
     add_test(NAME test_tp_cli_${b}
       COMMAND ${CMAKE_COMMAND} -DTOVL=$<TARGET_FILE:tovl_cli> -DFIXTURES=${CMAKE_CURRENT_SOURCE_DIR}/fixtures/peft_extra
-              -DWORK=${CMAKE_CURRENT_BINARY_DIR}/tp_cli_${b} -DBACKEND=${b} -P ${CMAKE_CURRENT_LIST_FILE})
+              -DWORK=${CMAKE_CURRENT_BINARY_DIR}/tp_cli_${b} -DBACKEND=${b} ${tp_preload} -P ${CMAKE_CURRENT_LIST_FILE})
     set_tests_properties(test_tp_cli_${b} PROPERTIES TIMEOUT 600)
   endforeach()
   # `tovl bench --tp` (scripts/gpu/tp.sh's timing run) on lavapipe at one
   # small batch: its bit-for-bit check of the shards must pass.
   if(TOVL_HAVE_VULKAN)
     add_test(NAME test_tp_bench_vulkan
-      COMMAND sh -c "out=$(\"$0\" bench --backend vulkan --tp 3 --quick --tokens 8 --batch 1 --repeats 2) && \
-                     printf '%s\\n' \"$out\" && printf '%s' \"$out\" | grep -q 'equal the unsharded set (2 checks)'"
-              $<TARGET_FILE:tovl_cli>)
+      COMMAND ${CMAKE_COMMAND} -DTOVL=$<TARGET_FILE:tovl_cli> -DMODE=bench -DBACKEND=vulkan ${tp_preload}
+              -P ${CMAKE_CURRENT_LIST_FILE})
     set_tests_properties(test_tp_bench_vulkan PROPERTIES TIMEOUT 600)
   endif()
 endif()
