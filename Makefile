@@ -1,5 +1,6 @@
 # The two commands a newcomer needs on a fresh Debian 12 machine:
-#   make run    set up, build, and run the conformance suite on every backend present
+#   make run    set up, build, run the conformance suite on every backend present,
+#               then serve one mixed batch of the fixture adapters through `tovl run`
 #   make test   set up, build, and run the whole test suite through CTest, then
 #               again under ASan+UBSan (scripts/sanitize.sh), then build the
 #               library as a packager would (Release: -O3, whose warnings differ
@@ -14,6 +15,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 run: build
 	./build/tools/tovl devices
 	./build/tools/tovl conform
+	python3 scripts/serve-demo.py ./build/tools/tovl --out build/serve-demo
 
 test: build
 	ctest --preset default -j $(JOBS)

@@ -6,7 +6,7 @@
 #
 #   bash bench/lmhead-variants.sh [seed] ['label|-D flags' ...]
 # With no variants given, runs the list below: the default against the
-# alternatives the lm_head tuning log in docs/PERFORMANCE.md measured last
+# alternatives docs/PERFORMANCE.md lists under "Designs measured and not kept"
 # (the 8 x 16 tiles at one block per SM; other ring depths, register caps). Needs nvcc and a
 # GPU; about a minute on an H200 machine.
 set -uo pipefail

@@ -1,6 +1,7 @@
 # Writes the seed corpus of the fuzzers from the committed fixtures (stdlib only):
-#   fuzz/corpus/fuzz_safetensors/  every safetensors file of tests/fixtures/peft_extra
-#   fuzz/corpus/fuzz_adapter/      each adapter (and base model) in fuzz_adapter.c's input format
+#   fuzz/corpus/fuzz_safetensors/  every small safetensors file of tests/fixtures/peft_extra
+#   fuzz/corpus/fuzz_adapter/      each adapter of tests/fixtures/peft_extra and peft_tokens (and
+#                                  the base models) in fuzz_adapter.c's input format
 # Run from the repo root: python3 fuzz/make_corpus.py
 import glob, hashlib, json, os, struct
 
@@ -21,10 +22,13 @@ def seed(mode, config, tensors):
 
 
 cases = {}
-for line in open(os.path.join(fx, "cases.tsv")):
-    if not line.startswith("#"):
-        label, d, base, padded = line.split()
-        cases[d] = (base, int(padded))
+for folder in (fx, os.path.join(root, "tests/fixtures/peft_tokens")):
+    for line in open(os.path.join(folder, "cases.tsv")):
+        if not line.startswith("#"):
+            label, d, base, padded = line.split()
+            cases[os.path.join(folder, d)] = (os.path.join(folder, base), int(padded))
+    for d in sorted(glob.glob(os.path.join(folder, "refused/*"))):
+        cases[d] = (os.path.join(folder, "bases/tied"), 0)
 
 # Small files only (the mutator works best on short inputs), plus hand-made edge cases.
 for f in sorted(glob.glob(os.path.join(fx, "**/*.safetensors"), recursive=True)):
@@ -46,13 +50,15 @@ put("fuzz_safetensors", st({"__metadata__": {"format": "pt"}, "s": {"dtype": "F3
 put("fuzz_safetensors", st({"w": {"dtype": "F16", "shape": [2, 2], "data_offsets": [1, 9]}}, b"\x01" * 9))
 
 for d, (base, padded) in sorted(cases.items()):
-    cfg = json.load(open(os.path.join(fx, base, "config.json")))
+    cfg = json.load(open(os.path.join(base, "config.json")))
     mode = (1 if cfg.get("tie_word_embeddings") else 0) | (2 if padded else 0)
-    adir = os.path.join(fx, d, "adapter")
-    config = open(os.path.join(adir, "adapter_config.json"), "rb").read()
+    adir = os.path.join(d, "adapter")
+    config = json.loads(open(os.path.join(adir, "adapter_config.json"), "rb").read())
     # Only the fields the importer reads, so the seeds stay small.
-    small = {k: v for k, v in json.loads(config).items()
-             if k in ("trainable_token_indices", "modules_to_save", "ensure_weight_tying", "peft_type")}
+    read = ["trainable_token_indices", "modules_to_save", "ensure_weight_tying", "peft_type"]
+    if config.get("peft_type") == "TRAINABLE_TOKENS":
+        read += ["token_indices", "target_modules"]
+    small = {k: v for k, v in config.items() if k in read}
     config = json.dumps(small).encode()
     vllm = os.path.join(adir, "new_embeddings.safetensors")
     if os.path.exists(vllm):

@@ -65,17 +65,8 @@ static void write_raw_st(const char *rel, const char *header, uint64_t len, size
     free(buf);
 }
 
-/* Expect `st` to be `want` with a detail that names every string in `names`. */
-static void expect_error(tovl_status st, tovl_status want, const char *const *names, const char *what) {
-    cr_expect_eq(st, want, "%s: status %s, wanted %s (detail: %s)", what, tovl_status_str(st), tovl_status_str(want),
-                 tovl_last_error());
-    const char *detail = tovl_last_error();
-    cr_expect(strchr(detail, '\n') == NULL, "%s: the detail is more than one line: %s", what, detail);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(detail, *n) != NULL, "%s: the detail does not name '%s': %s", what, *n, detail);
-    }
-}
-#define NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+#define expect_error tu_expect_error
+#define NAMES TU_NAMES
 
 /* ---- safetensors ------------------------------------------------------------ */
 
@@ -435,6 +426,116 @@ Test(adapter_bad, tensors_against_config) {
                  "weights missing");
 }
 
+/* A standalone Trainable Tokens adapter (peft_type TRAINABLE_TOKENS): the
+ * config's other members `fields` (JSON text) and, per name in `names` (after
+ * "base_model.model."), an F32 delta of `rows` rows, each with other values. */
+static void make_method_adapter(const char *dir, const char *fields, uint32_t rows, const char *const *names) {
+    mkdir_p(dir);
+    char rel[256], text[1024], full[4][256];
+    snprintf(rel, sizeof rel, "%s/adapter_config.json", dir);
+    snprintf(text, sizeof text, "{\"peft_type\": \"TRAINABLE_TOKENS\", \"init_weights\": true, %s}", fields);
+    write_text(rel, text);
+    tu_rng r = tu_rng_for(dir);
+    for (size_t i = 0; i < sizeof delta / sizeof delta[0]; i++) {
+        delta[i] = tovl_bf16_to_f32(tu_bf16(&r)) / 64.0f;
+    }
+    uint64_t shape[2] = {rows, H};
+    tovl_tensor t[4];
+    size_t n = 0;
+    for (; names[n]; n++) {
+        cr_assert(n < 4 && (n + 1) * rows * H <= sizeof delta / sizeof delta[0]);
+        snprintf(full[n], sizeof full[n], "base_model.model.%s", names[n]);
+        t[n] = (tovl_tensor){.name = full[n], .dtype = "F32", .ndim = 2, .shape = shape, .data = delta + n * rows * H};
+    }
+    snprintf(rel, sizeof rel, "%s/adapter_model.safetensors", dir);
+    cr_assert_eq(tovl_safetensors_write(P(rel), t, n, NULL, 0), TOVL_OK);
+}
+
+#define METHOD_EMBED "model.embed_tokens.trainable_tokens_delta"
+#define METHOD_LM "lm_head.trainable_tokens_delta"
+
+Test(adapter_bad, method_valid_control) {
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\"]", 2,
+                        NAMES(METHOD_EMBED, METHOD_LM));
+    tovl_adapter *a;
+    cr_assert_eq(open_adapter("a", &a), TOVL_OK, "%s", tovl_last_error());
+    const tovl_adapter_info *i = tovl_adapter_get_info(a);
+    cr_expect_str_eq(i->format, "peft TRAINABLE_TOKENS");
+    cr_assert_eq(i->source_count, 2);
+    for (size_t k = 0; k < 2; k++) {
+        cr_expect_eq(i->sources[k].kind, TOVL_SOURCE_TRAINABLE_TOKENS);
+        cr_expect_str_eq(i->sources[k].config_field, "token_indices");
+        cr_expect(i->sources[k].ids && i->sources[k].ids[0] == 1 && i->sources[k].ids[1] == 5);
+    }
+    tovl_adapter_close(a);
+    /* target_modules as PEFT writes it when left unset: the embedding's full name. */
+    make_method_adapter("b", "\"token_indices\": [1, 5], \"target_modules\": \"model.embed_tokens\"", 2,
+                        NAMES(METHOD_EMBED));
+    cr_assert_eq(open_adapter("b", &a), TOVL_OK, "%s", tovl_last_error());
+    tovl_adapter_close(a);
+    make_method_adapter("c", "\"token_indices\": [1, 5], \"target_modules\": null", 2, NAMES(METHOD_EMBED));
+    cr_assert_eq(open_adapter("c", &a), TOVL_OK, "%s", tovl_last_error());
+    tovl_adapter_close(a);
+}
+
+Test(adapter_bad, method_config_fields) {
+    tovl_adapter *a;
+    const char *const *embed = NAMES(METHOD_EMBED);
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": \".*embed_tokens\"", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
+                 NAMES("adapter_config.json", "'target_modules'", ".*embed_tokens", "regular expression"), "regex");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\", \"wte\"]", 2,
+                        embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED, NAMES("adapter_config.json", "'target_modules'", "'wte'"),
+                 "other module");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": []", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'target_modules'"), "no module");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [3]", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'target_modules'", "entry 0"),
+                 "module a number");
+    make_method_adapter("a", "\"target_modules\": [\"embed_tokens\"]", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'token_indices'", "missing"),
+                 "no ids");
+    make_method_adapter("a", "\"token_indices\": [5, 1, 5]", 3, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_DUPLICATE_ID, NAMES("adapter_config.json", "'token_indices'", "id 5"),
+                 "duplicate id");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"token_indices\": [1, 5]", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'token_indices'", "2 times"),
+                 "field twice");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"trainable_token_indices\": [1, 5]", 2, embed);
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_config.json", "'trainable_token_indices'", "TRAINABLE_TOKENS"), "a LoRA field");
+}
+
+Test(adapter_bad, method_tensors_against_config) {
+    tovl_adapter *a;
+    const char *ids = "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\"]";
+    make_method_adapter("a", ids, 2, NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta"));
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_model.safetensors", "token_adapter.trainable_tokens_delta", "does not know"),
+                 "a LoRA tensor name");
+    make_method_adapter("a", ids, 2, NAMES(METHOD_EMBED, "model.layers.0.self_attn.q_proj.trainable_tokens_delta"));
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
+                 NAMES("adapter_model.safetensors", "q_proj.trainable_tokens_delta", "not embed_tokens or lm_head"),
+                 "tokens on q_proj");
+    make_method_adapter("a", ids, 2, NAMES(METHOD_EMBED, METHOD_LM, "lm_head.base_layer.trainable_tokens_delta"));
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
+                 NAMES("adapter_model.safetensors", "lm_head.base_layer.trainable_tokens_delta", "tied model"),
+                 "the tensor PEFT saves for a tied model's two targets");
+    make_method_adapter("a", ids, 2, NAMES(METHOD_LM));
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_config.json", "'token_indices'", "base_model.model." METHOD_EMBED, "missing"),
+                 "embedding delta missing");
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [\"lm_head\"]", 2,
+                        NAMES(METHOD_EMBED, METHOD_LM));
+    expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT,
+                 NAMES("adapter_model.safetensors", METHOD_EMBED, "target_modules entry for embed_tokens"),
+                 "embedding delta, lm_head targeted");
+    make_method_adapter("a", ids, 3, NAMES(METHOD_EMBED));
+    expect_error(open_adapter("a", &a), TOVL_ERR_SHAPE_MISMATCH,
+                 NAMES("adapter_model.safetensors", METHOD_EMBED, "3 rows", "2 ids"), "rows != ids");
+}
+
 Test(adapter_bad, truncated_adapter_file) {
     tovl_adapter *a;
     make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
@@ -489,9 +590,67 @@ Test(resolve_bad, ids_out_of_vocab) {
     make_model("m", false, NULL);
     make_tt_adapter("a", "[1, 97]", "embed_tokens", 2, H, "F32");
     resolve_fails("m", 0, "a", TOVL_ERR_ID_OUT_OF_RANGE,
-                  NAMES("adapter_model.safetensors", "trainable_tokens_delta", "id 97", "vocab_size 97"), "id 97");
-    /* A padded vocab does not make room for a trainable id the adapter's model lacked. */
-    resolve_fails("m", 128, "a", TOVL_ERR_ID_OUT_OF_RANGE, NAMES("id 97"), "id 97, padded vocab");
+                  NAMES("adapter_model.safetensors", "trainable_tokens_delta", "id 97", "served vocab 97",
+                        "vocab_size is 97"), "id 97");
+    make_tt_adapter("b", "{\"lm_head\": [1, 120]}", "lm_head", 2, H, "F32");
+    resolve_fails("m", 120, "b", TOVL_ERR_ID_OUT_OF_RANGE,
+                  NAMES("adapter_model.safetensors", "lm_head.token_adapter.trainable_tokens_delta",
+                        "trainable_token_indices.lm_head", "id 120", "served vocab 120", "vocab_size is 97"),
+                  "id 120, padded vocab 120");
+}
+
+/* An id in the padded tail [vocab_size, served vocab) is an added token: its
+ * row comes from the adapter, on a tied model for the lm_head too. */
+Test(resolve_bad, ids_in_the_padded_tail_are_added_tokens) {
+    make_model("t", true, NULL);
+    make_tt_adapter("a", "[1, 97, 119]", "embed_tokens", 3, H, "F32");
+    tovl_model *m;
+    tovl_adapter *a;
+    tovl_adapter_rows *rows;
+    cr_assert_eq(tovl_model_open(P("t"), 120, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(P("a"), &a), TOVL_OK, "%s", tovl_last_error());
+    tovl_backend *be;
+    cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    cr_assert_eq(tovl_adapter_resolve(be, &k, a, m, &rows), TOVL_OK, "%s", tovl_last_error());
+    const tovl_adapter_rows_info *ri = tovl_adapter_rows_get_info(rows);
+    const uint32_t want[3] = {1, 97, 119};
+    cr_assert_eq(ri->desc.embed.count, 3);
+    cr_expect_eq(ri->warning_count, 0);
+    cr_expect(!ri->desc.has_lmhead && ri->desc.tied, "a tied lm_head follows the embedding rows");
+    for (uint32_t j = 0; j < 3; j++) {
+        cr_expect_eq(ri->desc.embed.ids[j], want[j]);
+        for (uint32_t x = 0; x < H; x++) {
+            cr_expect_eq(ri->desc.embed.rows[j * H + x], tovl_f32_to_bf16(delta[j * H + x]), "id %u element %u",
+                         want[j], x);
+        }
+    }
+    tovl_adapter_rows_free(rows);
+    tovl_backend_close(be);
+    tovl_adapter_close(a);
+    tovl_model_close(m);
+}
+
+Test(resolve_bad, method_tied_rules) {
+    make_model("t", true, NULL);
+    make_model("u", false, NULL);
+    /* Both modules of a tied model targeted: PEFT cannot run it. */
+    make_method_adapter("both", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\", \"lm_head\"]",
+                        2, NAMES(METHOD_EMBED, METHOD_LM));
+    resolve_fails("t", 0, "both", TOVL_ERR_UNSUPPORTED, NAMES("adapter_config.json", "'target_modules'", "tied model"),
+                  "both targets, tied");
+    /* The tied copy PEFT saves must equal the embedding's delta (one parameter in PEFT). */
+    make_method_adapter("copy", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\"]", 2,
+                        NAMES(METHOD_EMBED, METHOD_LM));
+    resolve_fails("t", 0, "copy", TOVL_ERR_FORMAT, NAMES("adapter_model.safetensors", METHOD_EMBED, METHOD_LM, "differ"),
+                  "tied copy differs");
+    /* ... and belongs to a tied model. */
+    resolve_fails("u", 0, "copy", TOVL_ERR_FORMAT, NAMES("adapter_model.safetensors", METHOD_LM, "untied"),
+                  "tied copy on an untied model");
+    /* lm_head targeted, its delta absent. */
+    make_method_adapter("lm", "\"token_indices\": [1, 5], \"target_modules\": [\"lm_head\"]", 2, NAMES("other"));
+    resolve_fails("u", 0, "lm", TOVL_ERR_FORMAT, NAMES("'token_indices'", "base_model.model." METHOD_LM, "missing"),
+                  "lm_head delta missing");
 }
 
 Test(resolve_bad, hidden_size_mismatch) {
@@ -585,20 +744,9 @@ static int cli(const char *args, char *err, size_t cap) {
     return tu_run_cli(TOVL_CLI, import_root, args, err, cap);
 }
 
-/* Non-zero exit, exactly one line on stderr, naming each of `names`. */
+/* Exit 2, exactly one line on stderr, naming each of `names`. */
 static void cli_fails(const char *args, const char *const *names) {
-    char err[4096];
-    int rc = cli(args, err, sizeof err);
-    cr_expect_eq(rc, 2, "tovl %s: exit %d, wanted 2 (stderr: %s)", args, rc, err);
-    size_t lines = 0;
-    for (const char *p = err; *p; p++) {
-        lines += *p == '\n';
-    }
-    cr_expect_eq(lines, 1, "tovl %s: %zu lines on stderr, wanted one: %s", args, lines, err);
-    for (const char *const *n = names; *n; n++) {
-        cr_expect(strstr(err, *n) != NULL, "tovl %s: stderr does not name '%s': %s", args, *n, err);
-    }
-    cr_expect(strstr(err, "Sanitizer") == NULL && strstr(err, "leak") == NULL, "tovl %s: %s", args, err);
+    tu_expect_cli_fails(TOVL_CLI, import_root, args, names);
 }
 
 /* A batch file with `T` ids (all `id`), optional slots and hidden [T, width]. */
@@ -676,6 +824,21 @@ Test(cli_bad, run_bad_model_or_adapter) {
     cli_fails("run --base m --adapter a --batch b.safetensors --out o.safetensors --logits f16", NAMES("--logits"));
     cli_fails("run --base m --batch b.safetensors --out o.safetensors --backend nosuch", NAMES("nosuch"));
     cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
+}
+
+Test(cli_bad, run_trainable_id_beyond_the_served_vocab) {
+    make_model("m", false, NULL);
+    make_tt_adapter("a", "[1, 100]", "embed_tokens", 2, H, "F32");
+    make_batch("b.safetensors", 8, 100, 0, true, H, "I32");
+    const char *run = "run --base m --adapter a --batch b.safetensors --out o.safetensors";
+    char args[256], err[4096];
+    snprintf(args, sizeof args, "%s --vocab 100", run);
+    cli_fails(args, NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta", "id 100", "served vocab 100",
+                          "vocab_size is 97", "at least 101"));
+    cli_fails(run, NAMES("trainable_tokens_delta", "id 100", "served vocab 97", "vocab_size is 97"));
+    cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
+    snprintf(args, sizeof args, "%s --vocab 101", run);
+    cr_expect_eq(cli(args, err, sizeof err), 0, "id 100 is served at --vocab 101: %s", err);
 }
 
 Test(cli_bad, inspect) {

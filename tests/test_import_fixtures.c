@@ -1,9 +1,12 @@
 /* Real PEFT adapters through the import code, the hooks and the tovl binary.
  *
- * Every case of ../shared/fixtures/peft (PEFT's own outputs, made on an H200)
- * and of tests/fixtures/peft_extra (made by tests/fixtures/make_fixtures.py
- * with real PEFT: every tied/untied format case) runs on the CPU backend and,
- * when present, on Vulkan:
+ * Every case of ../shared/fixtures/peft (PEFT's own outputs, made on an H200),
+ * of tests/fixtures/peft_extra (made by tests/fixtures/make_fixtures.py with
+ * real PEFT: every tied/untied format case) and of tests/fixtures/peft_tokens
+ * (made by tests/fixtures/make_token_fixtures.py: PEFT's standalone Trainable
+ * Tokens method, and trainable ids on added tokens served from the padded
+ * tail of the vocabulary) runs on the CPU backend and, when present, on
+ * Vulkan, CUDA and HIP:
  *   - embed equals PEFT's bit for bit;
  *   - patched logits cells are within one bf16 unit of PEFT's logits_bf16;
  *   - every other cell is exactly tovl's own base product, and also close to
@@ -86,12 +89,15 @@ static size_t shared_cases(fx_case *out) {
     return n;
 }
 
-/* The committed extra fixtures, listed in cases.tsv. */
-static size_t extra_cases(fx_case *out) {
-    FILE *f = fopen(TOVL_EXTRA_FIXTURES "/cases.tsv", "r");
-    cr_assert(f, "cannot open %s/cases.tsv: %s", TOVL_EXTRA_FIXTURES, strerror(errno));
+/* The cases a committed fixture folder lists in its cases.tsv, appended at
+ * out[n]; labels are "<prefix>/<label>". Returns the new count. */
+static size_t tsv_cases(const char *root, const char *prefix, fx_case *out, size_t n) {
+    char path[PATH_MAX_LEN];
+    snprintf(path, sizeof path, "%s/cases.tsv", root);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "cannot open %s: %s", path, strerror(errno));
     char line[1024];
-    size_t n = 0;
+    size_t first = n;
     while (fgets(line, sizeof line, f) && n < MAX_CASES) {
         char label[128], dir[256], base[256];
         unsigned padded;
@@ -99,15 +105,21 @@ static size_t extra_cases(fx_case *out) {
             continue;
         }
         fx_case *c = &out[n++];
-        snprintf(c->label, sizeof c->label, "extra/%s", label);
-        snprintf(c->base, sizeof c->base, "%s/%s", TOVL_EXTRA_FIXTURES, base);
-        snprintf(c->adapter, sizeof c->adapter, "%s/%s/adapter", TOVL_EXTRA_FIXTURES, dir);
-        snprintf(c->expected, sizeof c->expected, "%s/%s/expected.safetensors", TOVL_EXTRA_FIXTURES, dir);
+        snprintf(c->label, sizeof c->label, "%s/%s", prefix, label);
+        snprintf(c->base, sizeof c->base, "%s/%s", root, base);
+        snprintf(c->adapter, sizeof c->adapter, "%s/%s/adapter", root, dir);
+        snprintf(c->expected, sizeof c->expected, "%s/%s/expected.safetensors", root, dir);
         c->padded = padded;
     }
     fclose(f);
-    cr_assert_gt(n, 10, "cases.tsv lists only %zu cases", n);
+    cr_assert_geq(n - first, 10, "%s lists only %zu cases", path, n - first);
     return n;
+}
+
+/* The committed fixtures: tests/fixtures/peft_extra and peft_tokens. */
+static size_t extra_cases(fx_case *out) {
+    size_t n = tsv_cases(TOVL_EXTRA_FIXTURES, "extra", out, 0);
+    return tsv_cases(TOVL_TOKEN_FIXTURES, "tokens", out, n);
 }
 
 /* ---- one case's data and checks ------------------------------------------ */
@@ -523,14 +535,17 @@ static void cli_all(const char *bname) {
     size_t n = shared_cases(cases);
     size_t ne = extra_cases(extra);
     /* A few extra cases as well, so the binary is exercised where the shared
-     * fixtures are absent: a tied rule, a resized adapter, vLLM. */
+     * fixtures are absent: a tied rule, a resized adapter, vLLM; and every
+     * standalone Trainable Tokens and added-token case. */
     const char *pick[] = {"extra/mts_embed_tied", "extra/tt_resized_tied", "extra/vllm_untied",
                           "extra/mts_both_untied@sharded"};
     for (size_t i = 0; i < ne; i++) {
+        bool picked = strncmp(extra[i].label, "tokens/", 7) == 0;
         for (size_t p = 0; p < sizeof pick / sizeof pick[0]; p++) {
-            if (strcmp(extra[i].label, pick[p]) == 0 && n < MAX_CASES) {
-                cases[n++] = extra[i];
-            }
+            picked = picked || strcmp(extra[i].label, pick[p]) == 0;
+        }
+        if (picked && n < MAX_CASES) {
+            cases[n++] = extra[i];
         }
     }
     cr_assert_geq(n, 4);
@@ -647,9 +662,10 @@ static void mix_open(tovl_backend *be, const tovl_overlay_kernels *k, mix *m, co
     cr_assert_eq(tovl_model_open(m->cases[0].base, m->cases[0].padded, &m->model), TOVL_OK, "%s", tovl_last_error());
     const tovl_model_info *mi = tovl_model_get_info(m->model);
     for (uint32_t s = 1; s < m->n; s++) {
-        /* One base model for all (the shared fixtures keep identical copies). */
+        /* One base model for all (the fixture folders keep identical copies),
+         * served with the first case's padded vocab. */
         tovl_model *other;
-        cr_assert_eq(tovl_model_open(m->cases[s].base, m->cases[s].padded, &other), TOVL_OK);
+        cr_assert_eq(tovl_model_open(m->cases[s].base, m->cases[0].padded, &other), TOVL_OK);
         const tovl_model_info *oi = tovl_model_get_info(other);
         bool same = oi->vocab == mi->vocab && oi->hidden == mi->hidden && oi->tied == mi->tied;
         for (uint32_t v = 0; same && v < mi->vocab; v++) {
@@ -843,11 +859,80 @@ static const char *const tied_mix[] = {"extra/tt_dict_both_tied_diff", "extra/mt
 static const char *const untied_mix[] = {"extra/tt_dict_both_untied", "extra/mts_both_untied",
                                          "extra/tt_dict_lm_untied", "extra/mts_embed_untied", NULL};
 static const char *const shared_mix[] = {"shared/tt_untied_embed", "shared/mts_untied", NULL};
+/* Standalone Trainable Tokens beside LoRA's; added tokens in the padded tail
+ * (the first case's padded vocab serves them all). */
+static const char *const method_tied_mix[] = {"tokens/method_tied", "tokens/method_lm_tied", "extra/mts_embed_tied",
+                                              "extra/tt_dict_lm_tied", NULL};
+static const char *const added_untied_mix[] = {"tokens/added_lora_dict_untied", "tokens/method_both_untied",
+                                               "tokens/method_lm_untied", "extra/mts_both_untied", NULL};
+static const char *const added_tied_mix[] = {"tokens/added_method_tied", "tokens/added_lora_list_tied",
+                                             "tokens/method_lm_tied", NULL};
 
 Test(mixed, tied_cpu) { mixed_batch("cpu", tied_mix); }
 Test(mixed, untied_cpu) { mixed_batch("cpu", untied_mix); }
 Test(mixed, tied_vulkan) { mixed_batch("vulkan", tied_mix); }
 Test(mixed, untied_vulkan) { mixed_batch("vulkan", untied_mix); }
 Test(mixed, shared_cpu) { mixed_batch("cpu", shared_mix); }
+Test(mixed, method_tied_cpu) { mixed_batch("cpu", method_tied_mix); }
+Test(mixed, added_untied_cpu) { mixed_batch("cpu", added_untied_mix); }
+Test(mixed, added_tied_cpu) { mixed_batch("cpu", added_tied_mix); }
+Test(mixed, added_untied_vulkan) { mixed_batch("vulkan", added_untied_mix); }
+Test(mixed, added_tied_vulkan) { mixed_batch("vulkan", added_tied_mix); }
 Test(mixed, tied_cuda) { mixed_batch("cuda", tied_mix); }
+Test(mixed, added_tied_cuda) { mixed_batch("cuda", added_tied_mix); }
 Test(mixed, shared_cuda) { mixed_batch("cuda", shared_mix); }
+
+/* ---- adapters PEFT saves that tovl refuses -------------------------------- */
+
+/* PEFT 0.21 saves a standalone adapter targeting both modules of a tied model,
+ * then cannot run it (make_token_fixtures.py checks that its forward raises). */
+Test(refused, method_both_tied) {
+    const char *dir = TOVL_TOKEN_FIXTURES "/refused/method_both_tied/adapter";
+    tovl_adapter *a = (tovl_adapter *)(uintptr_t)1;
+    tu_expect_error(tovl_adapter_open(dir, &a), TOVL_ERR_UNSUPPORTED,
+                  TU_NAMES("adapter_model.safetensors", "lm_head.base_layer.trainable_tokens_delta", "tied model"),
+                  "method_both_tied");
+    cr_expect_null(a);
+    char args[PATH_MAX_LEN * 2];
+    snprintf(args, sizeof args, "inspect '%s' --base '%s/bases/tied'", dir, TOVL_TOKEN_FIXTURES);
+    tu_expect_cli_fails(TOVL_CLI, NULL, args, TU_NAMES("lm_head.base_layer.trainable_tokens_delta", "tied model"));
+}
+
+/* Added tokens need a served vocab that holds them: below it, the ids are
+ * refused naming the tensor, the id, vocab_size and the served vocab. */
+Test(refused, added_ids_beyond_the_served_vocab) {
+    fx_case all[MAX_CASES];
+    size_t n = extra_cases(all);
+    const fx_case *c = NULL;
+    for (size_t i = 0; i < n; i++) {
+        c = strcmp(all[i].label, "tokens/added_lora_dict_untied") == 0 ? &all[i] : c;
+    }
+    cr_assert(c, "tokens/added_lora_dict_untied is not listed");
+    tovl_backend *cpu;
+    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(cpu);
+    tovl_adapter *a;
+    cr_assert_eq(tovl_adapter_open(c->adapter, &a), TOVL_OK, "%s", tovl_last_error());
+    const uint32_t vocabs[2] = {0, 135};
+    const char *served[2] = {"served vocab 131", "served vocab 135"};
+    const char *id[2] = {"id 131", "id 135"};
+    for (int i = 0; i < 2; i++) {
+        tovl_model *m;
+        cr_assert_eq(tovl_model_open(c->base, vocabs[i], &m), TOVL_OK, "%s", tovl_last_error());
+        tovl_adapter_rows *rows = (tovl_adapter_rows *)(uintptr_t)1;
+        tu_expect_error(tovl_adapter_resolve(cpu, &k, a, m, &rows), TOVL_ERR_ID_OUT_OF_RANGE,
+                      TU_NAMES("model.embed_tokens.token_adapter.trainable_tokens_delta", id[i], served[i],
+                            "vocab_size is 131"), served[i]);
+        cr_expect_null(rows);
+        tovl_model_close(m);
+    }
+    tovl_adapter_close(a);
+    tovl_backend_close(cpu);
+    import_scratch_setup();
+    char args[PATH_MAX_LEN * 4];
+    snprintf(args, sizeof args, "run --base '%s' --adapter '%s' --batch '%s' --out o.safetensors --vocab 135",
+             c->base, c->adapter, c->expected);
+    tu_expect_cli_fails(TOVL_CLI, import_root, args,
+                        TU_NAMES("trainable_tokens_delta", "id 135", "served vocab 135", "vocab_size is 131"));
+    import_scratch_teardown();
+}

@@ -461,17 +461,22 @@ Test(resolve, rows_beyond_served_vocab_are_dropped_with_a_warning) {
 /* What the adapter folders describe before any model is known. */
 Test(resolve, adapter_sources_by_format) {
     struct {
-        const char *dir, *format;
+        const char *root, *dir, *format;
         size_t sources;
     } cases[] = {
-        {"/tt_dict_both_untied/adapter", "peft trainable_token_indices", 2},
-        {"/mts_both_tied/adapter", "peft modules_to_save", 2},
-        {"/tt_resized_tied/adapter", "peft trainable_token_indices + peft saved embedding layers", 4},
-        {"/vllm_untied/adapter", "vllm new_embeddings", 2},
+        {TOVL_EXTRA_FIXTURES, "/tt_dict_both_untied/adapter", "peft trainable_token_indices", 2},
+        {TOVL_EXTRA_FIXTURES, "/mts_both_tied/adapter", "peft modules_to_save", 2},
+        {TOVL_EXTRA_FIXTURES, "/tt_resized_tied/adapter", "peft trainable_token_indices + peft saved embedding layers",
+         4},
+        {TOVL_EXTRA_FIXTURES, "/vllm_untied/adapter", "vllm new_embeddings", 2},
+        {TOVL_TOKEN_FIXTURES, "/method_tied/adapter", "peft TRAINABLE_TOKENS", 2},
+        {TOVL_TOKEN_FIXTURES, "/method_lm_untied/adapter", "peft TRAINABLE_TOKENS", 1},
+        {TOVL_TOKEN_FIXTURES, "/method_resized_tied/adapter", "peft TRAINABLE_TOKENS + peft saved embedding layers",
+         4},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[1024];
-        snprintf(dir, sizeof dir, "%s%s", TOVL_EXTRA_FIXTURES, cases[i].dir);
+        snprintf(dir, sizeof dir, "%s%s", cases[i].root, cases[i].dir);
         tovl_adapter *a;
         cr_assert_eq(tovl_adapter_open(dir, &a), TOVL_OK, "%s: %s", dir, tovl_last_error());
         const tovl_adapter_info *info = tovl_adapter_get_info(a);
@@ -486,4 +491,57 @@ Test(resolve, adapter_sources_by_format) {
         }
         tovl_adapter_close(a);
     }
+}
+
+/* LoRA on embed_tokens or lm_head updates every row (B.A): not a token
+ * overlay. The overlay holds the trainable rows only, and a warning names the
+ * LoRA tensor of each module. */
+Test(resolve, lora_on_embedding_modules_is_left_to_the_engine_with_a_warning) {
+    enum { VV = 7, HH = 4 };
+    float e[VV * HH], l[VV * HH], d[2 * HH], lora[2 * VV];
+    for (int i = 0; i < VV * HH; i++) {
+        e[i] = (float)(i % 5) / 8.0f;
+        l[i] = (float)(i % 3) / 4.0f;
+    }
+    for (int i = 0; i < 2 * HH; i++) {
+        d[i] = 1.0f + (float)i;
+    }
+    for (int i = 0; i < 2 * VV; i++) {
+        lora[i] = 0.5f;
+    }
+    make_model("m", VV, HH, false, "BF16", e, l);
+    cr_assert_eq(mkdir(P("a"), 0755), 0);
+    write_text("a/adapter_config.json", "{\"peft_type\": \"LORA\", \"trainable_token_indices\": [1, 6], "
+               "\"target_modules\": [\"embed_tokens\", \"lm_head\"]}");
+    uint64_t sd[2] = {2, HH}, sa[2] = {2, VV}, sb[2] = {2, HH};
+    tovl_tensor t[3] = {
+        {.name = "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta", .dtype = "F32",
+         .ndim = 2, .shape = sd, .data = d},
+        {.name = "base_model.model.model.embed_tokens.lora_embedding_A", .dtype = "F32", .ndim = 2, .shape = sa,
+         .data = lora},
+        {.name = "base_model.model.lm_head.lora_A.weight", .dtype = "F32", .ndim = 2, .shape = sb, .data = lora}};
+    cr_assert_eq(tovl_safetensors_write(P("a/adapter_model.safetensors"), t, 3, NULL, 0), TOVL_OK);
+    tovl_backend *be;
+    cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_model *m;
+    tovl_adapter *a;
+    tovl_adapter_rows *rows;
+    cr_assert_eq(tovl_model_open(P("m"), 0, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(P("a"), &a), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_eq(tovl_adapter_get_info(a)->other_tensors, 2);
+    cr_assert_eq(tovl_adapter_resolve(be, &k, a, m, &rows), TOVL_OK, "%s", tovl_last_error());
+    const tovl_adapter_rows_info *ri = tovl_adapter_rows_get_info(rows);
+    cr_expect_eq(ri->desc.embed.count, 2);
+    cr_expect(!ri->desc.has_lmhead, "the LoRA on lm_head gives the overlay no lm_head part");
+    cr_expect_eq(ri->desc.embed.rows[0], tovl_f32_to_bf16(1.0f), "the trainable row, without the LoRA update");
+    cr_assert_eq(ri->warning_count, 2);
+    cr_expect(strstr(ri->warnings[0], "embed_tokens.lora_embedding_A") && strstr(ri->warnings[0], "not a token"),
+              "%s", ri->warnings[0]);
+    cr_expect(strstr(ri->warnings[1], "lm_head.lora_A.weight") && strstr(ri->warnings[1], "lm_head"), "%s",
+              ri->warnings[1]);
+    tovl_adapter_rows_free(rows);
+    tovl_adapter_close(a);
+    tovl_model_close(m);
+    tovl_backend_close(be);
 }

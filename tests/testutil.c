@@ -235,6 +235,31 @@ tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const ui
     return tovl_build_overlay(be, &k, &d, out);
 }
 
+void tu_expect_error(tovl_status st, tovl_status want, const char *const *names, const char *what) {
+    const char *detail = tovl_last_error();
+    cr_expect_eq(st, want, "%s: status %s, wanted %s (detail: %s)", what, tovl_status_str(st), tovl_status_str(want),
+                 detail);
+    cr_expect(strchr(detail, '\n') == NULL, "%s: the detail is more than one line: %s", what, detail);
+    for (const char *const *n = names; *n; n++) {
+        cr_expect(strstr(detail, *n) != NULL, "%s: the detail does not name '%s': %s", what, *n, detail);
+    }
+}
+
+void tu_expect_cli_fails(const char *tool, const char *dir, const char *args, const char *const *names) {
+    char err[4096];
+    const int rc = tu_run_cli(tool, dir, args, err, sizeof err);
+    cr_expect_eq(rc, 2, "tovl %s: exit %d, wanted 2 (stderr: %s)", args, rc, err);
+    size_t lines = 0;
+    for (const char *p = err; *p; p++) {
+        lines += *p == '\n';
+    }
+    cr_expect_eq(lines, 1, "tovl %s: %zu lines on stderr, wanted one: %s", args, lines, err);
+    for (const char *const *n = names; *n; n++) {
+        cr_expect(strstr(err, *n) != NULL, "tovl %s: stderr does not name '%s': %s", args, *n, err);
+    }
+    cr_expect(strstr(err, "Sanitizer") == NULL && strstr(err, "leak") == NULL, "tovl %s: %s", args, err);
+}
+
 /* A temporary file for one of the CLI's output streams; its path in `path`. */
 static void cli_stream_file(char path[32]) {
     strcpy(path, "/tmp/tovl_cli_out_XXXXXX");

@@ -61,6 +61,15 @@ int tu_run_cli(const char *tool, const char *dir, const char *args, char *err, s
 int tu_run_cli_output(const char *tool, const char *dir, const char *args, char *out, size_t out_cap, char *err,
                       size_t err_cap);
 
+/* A failure as the import code and the tools report one: status `want` and a
+ * one-line tovl_last_error() naming every string of `names` (NULL-terminated;
+ * TU_NAMES builds the list). `what` labels the check. */
+void tu_expect_error(tovl_status st, tovl_status want, const char *const *names, const char *what);
+/* The tovl binary at `tool`, run with `args` in `dir`, exits 2 with exactly
+ * one line on stderr naming every string of `names`, and no sanitizer report. */
+void tu_expect_cli_fails(const char *tool, const char *dir, const char *args, const char *const *names);
+#define TU_NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
 /* Build an overlay from host data in one call (test shorthand). */
 tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
                      uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,

@@ -6,7 +6,7 @@
  *   graph   the median per-launch time of `batch` back-to-back launches
  *           recorded once and replayed (a CUDA graph, one Vulkan command
  *           buffer): what an engine pays per hook;
- *   single  the median time of one launch between two device timestamps,
+ *   single  the median time of one launch between two timestamps on the device,
  *           which includes the timestamps' own overhead;
  *   GB/s    the bytes a kernel must move (read + written) per graph launch
  *           time, and that as a fraction of the device copy bandwidth measured
@@ -79,14 +79,14 @@ static void usage(FILE *f) {
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
             "                  [--tokens T[,T...]] [--tp N] [--quick]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
-            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with device timestamps:\n"
+            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
             "each 1 .. %u). --tp N (2 .. %d): also N vocab shard sets (vLLM's split, pad 64), their\n"
             "lm_head outputs concatenated checked bit for bit against the unsharded set, then each\n"
             "rank's lm_head timed on its logits shard. --quick: small sizes, for a smoke run.\n"
-            "Backends without a device timer (cpu) are refused.\n",
+            "Backends without a clock on the device (cpu) are refused.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
 }
 
@@ -666,7 +666,7 @@ int tovl_cmd_bench(int argc, char **argv) {
     run.ctx = tovl_backend_get_context(run.be);
     if (!run.iface->time_kernel) {
         fprintf(stderr,
-                "tovl bench: backend '%s' has no device timer (time_kernel): benchmarks need a GPU backend "
+                "tovl bench: backend '%s' has no clock on the device (time_kernel): benchmarks need a GPU backend "
                 "(cuda, hip or vulkan)\n",
                 tovl_backend_name(run.be));
         tovl_backend_close(run.be);

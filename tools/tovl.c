@@ -14,7 +14,7 @@ static const struct {
     {"conform", tovl_cmd_conform, "check every present backend bit for bit against the CPU reference"},
     {"inspect", tovl_cmd_inspect, "describe a PEFT / vLLM adapter folder"},
     {"run", tovl_cmd_run, "apply adapters to a batch file and write embeddings and logits"},
-    {"bench", tovl_cmd_bench, "time the kernels on a backend (device timestamps, medians)"},
+    {"bench", tovl_cmd_bench, "time the kernels on a backend (the device's clock, medians)"},
 };
 
 static void usage(FILE *f) {

@@ -103,11 +103,12 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
  *   once per row rather than once per 8, so they are for small batches: on
  *   the H200 with 8 slots x 64 rows row2 took 2.7-3.7 us at T = 1-16 and row
  *   5.2 at T = 32 and 6.8 at T = 48, where the small tiles take 7.9 (and row
- *   8.8-9.3 at T = 64; docs/PERFORMANCE.md, eleventh and twelfth sessions).
+ *   8.8-9.3 at T = 64; docs/PERFORMANCE.md, Row kernels).
  * - small tiles, one block per SM, when every block of their grid gets an SM
- *   of its own. (Before the ninth session: small whenever ceil(T / BM) full
- *   groups gave fewer large tiles than SMs, which left T = 128 with about 170
- *   small tiles for 132 SMs on the H200, two rounds: 15.6 us against 12.4.)
+ *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
+ *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs
+ *   on the H200, two rounds: 15.6 us against 12.4; docs/PERFORMANCE.md,
+ *   Designs measured and not kept.)
  * - large tiles, two blocks per SM: everything else. */
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {

@@ -44,7 +44,7 @@
  * at 128 registers so that two blocks (16 warps) share an SM. STAGES: chunks
  * of 256 elements in the shared-memory ring (STAGES - 1 in flight while one
  * is computed), 8 KB each. On the H200 this beat 8 x 16 tiles at one block
- * per SM (236 registers) by 5% at T = 512 (docs/PERFORMANCE.md, tuning log). */
+ * per SM (236 registers) by 5% at T = 512 (docs/PERFORMANCE.md, Lm_head tiles). */
 #ifndef TOVL_CUDA_LMHEAD_LARGE_TN
 #define TOVL_CUDA_LMHEAD_LARGE_TN 4
 #endif
@@ -61,7 +61,7 @@
 /* The "small" variant (lmhead_overlay_bf16_small, lmhead_overlay_f32_small)
  * for batches whose grid gives every block an SM of its own (cuda_geometry.c):
  * the same 8 x 8 tiles, registers not capped and a ring of 4 chunks.
- * Measured on the H200 (docs/PERFORMANCE.md, lm_head tuning log): 8 x 8 beats
+ * Measured on the H200 (docs/PERFORMANCE.md, Lm_head tiles): 8 x 8 beats
  * 8 x 4 at T = 64 (8.4 against 9.4 us, at one or two blocks per SM: more
  * blocks, less reuse), and 3, 4 or 6 chunks, or a 128-register cap, time
  * within 2% of each other; 8 to 16 chunks (in dynamic shared memory) are
@@ -85,8 +85,8 @@
  * BLOCKS_PER_SM to an SM, which is also each one's register cap (65536 /
  * (128 x BLOCKS_PER_SM) per thread: _row 85, _row2 128). ROUNDS_AHEAD:
  * 256-element rounds of both rows a thread requests before it uses the
- * first. On the H200 (seed 777, rows of 4096; docs/PERFORMANCE.md, eleventh
- * and twelfth sessions): _row2, all 16 rounds of h = 4096 ahead, 2.66 us at
+ * first. On the H200 (seed 777, rows of 4096; docs/PERFORMANCE.md, Row
+ * kernels): _row2, all 16 rounds of h = 4096 ahead, 2.66 us at
  * T = 1, 3.03 at T = 8; _row at 4 blocks per SM and 8 ahead 3.10 at T = 8
  * and 5.16 at T = 32, but it ends at T = 33, after which the small tiles
  * take 7.9; at 6 per SM and 4 ahead (80 registers) 5.19 at T = 32 and 6.77

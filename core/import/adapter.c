@@ -24,6 +24,7 @@ struct tovl_adapter {
     size_t source_count;
     /* Per module and kind, an index into sources or -1. */
     int tt[2], mts[2], saved_base[2], vllm_rows[2];
+    const char *lora[2];     /* per module, a LoRA tensor on it (not a token overlay), or NULL */
 };
 
 static const char *module_name(int m) {
@@ -83,6 +84,24 @@ static tovl_status add_source(tovl_adapter *a, int *slot, tovl_adapter_source_ki
     return TOVL_OK;
 }
 
+const char *imp_tt_tensor_name(const imp_adapter_config *c, int module) {
+    if (c->standalone) {
+        return module == TOVL_MODULE_EMBED ? PEFT_PREFIX "model.embed_tokens.trainable_tokens_delta"
+                                           : PEFT_PREFIX "lm_head.trainable_tokens_delta";
+    }
+    return module == TOVL_MODULE_EMBED ? PEFT_PREFIX "model.embed_tokens.token_adapter.trainable_tokens_delta"
+                                       : PEFT_PREFIX "lm_head.token_adapter.trainable_tokens_delta";
+}
+
+/* Whether `name` is a trainable-tokens tensor of the config's kind; `p` is
+ * then where its module path ends. */
+static bool tt_tensor_module(const imp_adapter_config *c, const char *name, size_t len, size_t *p) {
+    if (c->standalone) {
+        return ends_with(name, len, ".trainable_tokens_delta", p) && strstr(name, ".token_adapter.") == NULL;
+    }
+    return ends_with(name, len, ".token_adapter.trainable_tokens_delta", p);
+}
+
 /* Sort one PEFT tensor into its role; tensors that are not token overlays
  * (LoRA matrices and the like) are only counted. */
 static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
@@ -93,7 +112,19 @@ static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
         name += plen;
     }
     size_t len = strlen(name), p;
-    if (ends_with(name, len, ".token_adapter.trainable_tokens_delta", &p)) {
+    if (tt_tensor_module(&a->config, name, len, &p)) {
+        size_t q;
+        if (a->config.standalone && ends_with(name, p, ".base_layer", &q) &&
+            imp_module_of(name, q) == TOVL_MODULE_LMHEAD) {
+            /* PEFT 0.21 saves this when target_modules lists both modules of
+             * a tied model: it wraps its tied lm_head adapter around a first
+             * one, and its forward then raises ValueError. */
+            return tovl_error(TOVL_ERR_UNSUPPORTED,
+                              "%s: tensor '%s': PEFT saves it when target_modules lists both embed_tokens and lm_head "
+                              "of a tied model, and then cannot run the adapter (TrainableTokensLayer wraps a "
+                              "TrainableTokensLayer); target embed_tokens only: PEFT ties the lm_head to it", path,
+                              t->name);
+        }
         int m = imp_module_of(name, p);
         if (m < 0) {
             return tovl_error(TOVL_ERR_UNSUPPORTED,
@@ -124,6 +155,11 @@ static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
         return tovl_error(TOVL_ERR_FORMAT, "%s: tensor '%s': a trainable-tokens tensor tovl does not know", path,
                           t->name);
     }
+    const char *lora = strstr(name, ".lora_");
+    int m = lora ? imp_module_of(name, (size_t)(lora - name)) : -1;
+    if (m >= 0 && !a->lora[m]) {
+        a->lora[m] = t->name;
+    }
     a->info.other_tensors++;
     return TOVL_OK;
 }
@@ -141,9 +177,8 @@ static tovl_status check_peft_against_config(tovl_adapter *a) {
             if (e->module == TOVL_MODULE_LMHEAD) {
                 continue;
             }
-            return tovl_error(TOVL_ERR_FORMAT, "%s: field '%s' lists %u ids but tensor '%s%s' is missing from %s",
-                              cfg, e->field, e->count, PEFT_PREFIX,
-                              "model.embed_tokens.token_adapter.trainable_tokens_delta",
+            return tovl_error(TOVL_ERR_FORMAT, "%s: field '%s' lists %u ids but tensor '%s' is missing from %s",
+                              cfg, e->field, e->count, imp_tt_tensor_name(c, e->module),
                               a->peft ? tovl_safetensors_path(a->peft) : "the adapter (no adapter_model.safetensors)");
         }
         imp_source *s = &a->sources[slot];
@@ -161,9 +196,10 @@ static tovl_status check_peft_against_config(tovl_adapter *a) {
              * saves next to a resized embedding; anything else has no ids. */
             bool tied_copy = m == TOVL_MODULE_LMHEAD && a->tt[TOVL_MODULE_EMBED] >= 0;
             if (!tied_copy) {
-                return tovl_error(TOVL_ERR_FORMAT, "%s: tensor '%s': %s has no trainable_token_indices for %s",
+                return tovl_error(TOVL_ERR_FORMAT, "%s: tensor '%s': %s has no %s for %s",
                                   a->sources[slot].pub.file, a->sources[slot].pub.tensor,
-                                  a->config.present ? cfg : "the adapter", module_name(m));
+                                  a->config.present ? cfg : "the adapter",
+                                  c->standalone ? "target_modules entry" : "trainable_token_indices", module_name(m));
             }
             const imp_source *embed = &a->sources[a->tt[TOVL_MODULE_EMBED]];
             a->sources[slot].pub.ids = embed->pub.ids;
@@ -217,8 +253,8 @@ static tovl_status build_format(tovl_adapter *a) {
     for (size_t i = 0; i < a->source_count; i++) {
         kinds[a->sources[i].pub.kind] = true;
     }
-    const char *labels[4] = {"peft trainable_token_indices", "peft modules_to_save", "peft saved embedding layers",
-                             "vllm new_embeddings"};
+    const char *labels[4] = {a->config.standalone ? "peft TRAINABLE_TOKENS" : "peft trainable_token_indices",
+                             "peft modules_to_save", "peft saved embedding layers", "vllm new_embeddings"};
     for (int k = 0; k < 4; k++) {
         if (kinds[k]) {
             imp_str_append(&f, "%s%s", f.len ? " + " : "", labels[k]);
@@ -281,8 +317,9 @@ tovl_status imp_adapter_from_parts(const char *dir, const char *config_path, con
         st = imp_adapter_config_parse(config_text, config_len, a->config_path, &a->config);
     }
     if (st == TOVL_OK && !peft && (a->config.tt_count || a->config.mts_embed || a->config.mts_lmhead)) {
-        st = tovl_error(TOVL_ERR_FORMAT, "%s: lists trainable_token_indices or modules_to_save but the folder has "
-                        "no adapter_model.safetensors", a->config_path);
+        st = tovl_error(TOVL_ERR_FORMAT, "%s: lists %s but the folder has no adapter_model.safetensors",
+                        a->config_path, a->config.standalone ? "token_indices"
+                                                             : "trainable_token_indices or modules_to_save");
     }
     for (size_t i = 0; st == TOVL_OK && peft && i < tovl_safetensors_count(peft); i++) {
         st = classify_peft(a, tovl_safetensors_at(peft, i));
@@ -388,6 +425,7 @@ imp_adapter_view imp_adapter_get_view(const tovl_adapter *a) {
         v.mts[m] = a->mts[m] >= 0 ? &a->sources[a->mts[m]] : NULL;
         v.saved_base[m] = a->saved_base[m] >= 0 ? &a->sources[a->saved_base[m]] : NULL;
         v.vllm[m] = a->vllm_rows[m] >= 0 ? &a->sources[a->vllm_rows[m]] : NULL;
+        v.lora[m] = a->lora[m];
     }
     for (size_t i = 0; i < a->config.tt_count; i++) {
         v.tt_entry[a->config.tt[i].module] = &a->config.tt[i];

@@ -2,7 +2,11 @@
  *   trainable_token_indices: null | [ids] (the input embedding) | {"module": [ids], ...}
  *   modules_to_save:         null | ["embed_tokens", "lm_head", ...]
  *   ensure_weight_tying:     bool (absent = false)
- * Everything else (LoRA ranks, target modules) is not ours and is ignored. */
+ * and, for PEFT's standalone Trainable Tokens method (peft_type TRAINABLE_TOKENS):
+ *   token_indices:           [ids], the same ids for every target module
+ *   target_modules:          null (the input embedding) | "module.name" | ["module", ...]
+ * Everything else (LoRA ranks, LoRA's target modules) is not ours and is ignored. */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -147,6 +151,85 @@ static tovl_status parse_tt(const char *path, const cJSON *tti, imp_adapter_conf
     return TOVL_OK;
 }
 
+/* A module name as PEFT matches it: letters, digits, '_' and '.'. A string
+ * with any other character is a regular expression, which tovl does not
+ * evaluate (it cannot tell which modules it matched). */
+static bool is_plain_module_name(const char *s) {
+    if (!*s) {
+        return false;
+    }
+    for (; *s; s++) {
+        if (!isalnum((unsigned char)*s) && *s != '_' && *s != '.') {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* One target module of a TRAINABLE_TOKENS config, with the ids of token_indices. */
+static tovl_status add_target(const char *path, const char *name, const cJSON *ids, imp_adapter_config *cfg) {
+    if (!is_plain_module_name(name)) {
+        return tovl_error(TOVL_ERR_UNSUPPORTED,
+                          "%s: field 'target_modules': '%s' is a regular expression; tovl reads module names "
+                          "(embed_tokens, lm_head)", path, name);
+    }
+    int module = imp_module_of(name, strlen(name));
+    if (module != TOVL_MODULE_EMBED && module != TOVL_MODULE_LMHEAD) {
+        return tovl_error(TOVL_ERR_UNSUPPORTED,
+                          "%s: field 'target_modules': module '%s' is not embed_tokens or lm_head; tovl overlays only "
+                          "those", path, name);
+    }
+    for (size_t i = 0; i < cfg->tt_count; i++) {
+        if (cfg->tt[i].module == module) {
+            return TOVL_OK; /* two names of one module: PEFT wraps it once */
+        }
+    }
+    return add_entry(path, cfg, module == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head", "token_indices", ids);
+}
+
+/* peft_type TRAINABLE_TOKENS: token_indices for each module of target_modules. */
+static tovl_status parse_standalone(const char *path, const cJSON *root, imp_adapter_config *cfg) {
+    cfg->standalone = true;
+    const char *lora_fields[] = {"trainable_token_indices", "modules_to_save"};
+    for (size_t f = 0; f < sizeof lora_fields / sizeof lora_fields[0]; f++) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, lora_fields[f]);
+        if (item && !cJSON_IsNull(item)) {
+            return tovl_error(TOVL_ERR_FORMAT, "%s: field '%s' is not a field of peft_type TRAINABLE_TOKENS (PEFT "
+                              "ignores it there; PEFT never writes it)", path, lora_fields[f]);
+        }
+    }
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(root, "token_indices");
+    if (!ids) {
+        return tovl_error(TOVL_ERR_FORMAT, "%s: field 'token_indices' is missing (peft_type TRAINABLE_TOKENS)", path);
+    }
+    cfg->tt = calloc(2, sizeof *cfg->tt);
+    if (!cfg->tt) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+    }
+    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(root, "target_modules");
+    if (!targets || cJSON_IsNull(targets)) {
+        return add_target(path, "embed_tokens", ids, cfg); /* PEFT targets the input embedding */
+    }
+    if (cJSON_IsString(targets)) {
+        return add_target(path, targets->valuestring, ids, cfg);
+    }
+    if (!cJSON_IsArray(targets) || cJSON_GetArraySize(targets) == 0) {
+        return tovl_error(TOVL_ERR_FORMAT, "%s: field 'target_modules': not a module name or a non-empty list of them",
+                          path);
+    }
+    int k = 0;
+    for (const cJSON *it = targets->child; it; it = it->next, k++) {
+        if (!cJSON_IsString(it)) {
+            return tovl_error(TOVL_ERR_FORMAT, "%s: field 'target_modules': entry %d is not a string", path, k);
+        }
+        tovl_status st = add_target(path, it->valuestring, ids, cfg);
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
+    return TOVL_OK;
+}
+
 static tovl_status parse_mts(const char *path, const cJSON *mts, imp_adapter_config *cfg) {
     if (!mts || cJSON_IsNull(mts)) {
         return TOVL_OK;
@@ -194,7 +277,8 @@ tovl_status imp_adapter_config_parse(const char *text, size_t len, const char *p
     }
     if (st == TOVL_OK) {
         /* A duplicated key would make cJSON silently pick the first. */
-        const char *fields[] = {"trainable_token_indices", "modules_to_save", "ensure_weight_tying", "peft_type"};
+        const char *fields[] = {"trainable_token_indices", "modules_to_save", "ensure_weight_tying", "peft_type",
+                                "token_indices", "target_modules"};
         for (size_t f = 0; st == TOVL_OK && f < sizeof fields / sizeof fields[0]; f++) {
             int seen = 0;
             for (const cJSON *it = root->child; it; it = it->next) {
@@ -205,25 +289,26 @@ tovl_status imp_adapter_config_parse(const char *text, size_t len, const char *p
             }
         }
     }
+    bool standalone = false;
     if (st == TOVL_OK) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
         if (type && !cJSON_IsNull(type) && !cJSON_IsString(type)) {
             st = tovl_error(TOVL_ERR_FORMAT, "%s: field 'peft_type': not a string", path);
-        } else if (cJSON_IsString(type) && strcmp(type->valuestring, "TRAINABLE_TOKENS") == 0) {
-            /* Standalone TrainableTokens adapters name their tensors differently. */
-            st = tovl_error(TOVL_ERR_UNSUPPORTED,
-                            "%s: field 'peft_type': TRAINABLE_TOKENS (standalone) is not supported; "
-                            "LoRA's trainable_token_indices is",
-                            path);
         }
+        standalone = cJSON_IsString(type) && strcmp(type->valuestring, "TRAINABLE_TOKENS") == 0;
     }
-    if (st == TOVL_OK) {
+    if (st == TOVL_OK && standalone) {
+        /* TrainableTokensConfig has no ensure_weight_tying: on a tied model
+         * PEFT always ties the lm_head to the embedding's token adapter. */
+        st = parse_standalone(path, root, out);
+    }
+    if (st == TOVL_OK && !standalone) {
         st = parse_tt(path, cJSON_GetObjectItemCaseSensitive(root, "trainable_token_indices"), out);
     }
-    if (st == TOVL_OK) {
+    if (st == TOVL_OK && !standalone) {
         st = parse_mts(path, cJSON_GetObjectItemCaseSensitive(root, "modules_to_save"), out);
     }
-    if (st == TOVL_OK) {
+    if (st == TOVL_OK && !standalone) {
         const cJSON *ewt = cJSON_GetObjectItemCaseSensitive(root, "ensure_weight_tying");
         if (ewt && !cJSON_IsNull(ewt) && !cJSON_IsBool(ewt)) {
             st = tovl_error(TOVL_ERR_FORMAT, "%s: field 'ensure_weight_tying': not true or false", path);

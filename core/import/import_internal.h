@@ -65,6 +65,10 @@ typedef struct imp_tt_entry {
 typedef struct imp_adapter_config {
     bool present;            /* adapter_config.json exists */
     bool tt_is_dict;
+    /* peft_type TRAINABLE_TOKENS (PEFT's standalone Trainable Tokens method):
+     * `tt` then holds one entry per module of target_modules, each with the
+     * ids of token_indices, and the tensors lack the "token_adapter." part. */
+    bool standalone;
     imp_tt_entry *tt;        /* trainable_token_indices, one entry per module */
     size_t tt_count;
     bool mts_embed, mts_lmhead;   /* modules_to_save names embed_tokens / lm_head */
@@ -89,6 +93,11 @@ tovl_status imp_adapter_from_parts(const char *dir, const char *config_path, con
                                    size_t config_len, tovl_safetensors *peft, tovl_safetensors *vllm,
                                    tovl_adapter **out);
 
+/* The name of the trainable-tokens tensor PEFT saves for `module`: LoRA's
+ * trainable tokens sit in a "token_adapter", the standalone method's on the
+ * module itself. */
+const char *imp_tt_tensor_name(const imp_adapter_config *c, int module);
+
 /* Internal view of one source: the public description and its tensor. */
 typedef struct imp_source {
     tovl_adapter_source pub;
@@ -106,6 +115,9 @@ typedef struct imp_adapter_view {
     const imp_source *mts[2];
     const imp_source *saved_base[2];
     const imp_source *vllm[2];
+    /* A LoRA tensor on the module (lora_A, lora_embedding_A, ...), or NULL:
+     * a dense low-rank update of every row, which the engine's LoRA applies. */
+    const char *lora[2];
 } imp_adapter_view;
 imp_adapter_view imp_adapter_get_view(const tovl_adapter *adapter);
 

@@ -246,7 +246,14 @@ static tovl_status add_full(ctx *c, part *p, const imp_source *s, int module, co
 }
 
 /* Trainable-token rows of `s` at the config's ids. `base_rows` is the row
- * count of the saved base layer they sit on (0: none, the base vocab). */
+ * count of the saved base layer they sit on (0: none).
+ * Without a saved base layer an id may lie in the padded tail [vocab_size,
+ * served vocab): a token added to the vocabulary (resize_token_embeddings)
+ * whose row only the adapter holds; PEFT saves no resized base weight when it
+ * cannot tell that the vocabulary grew. An id at or above the served vocab
+ * has no row to go to and is an error. A saved base layer states the
+ * adapter's vocabulary itself: ids beyond it are errors, and ids beyond the
+ * served vocab are dropped like the layer's own rows there. */
 static tovl_status add_tokens(ctx *c, part *p, const imp_source *s, uint32_t base_rows) {
     uint32_t V = c->mi->vocab, Vc = c->mi->config_vocab;
     uint16_t *scratch = malloc((size_t)c->mi->hidden * sizeof *scratch);
@@ -257,11 +264,15 @@ static tovl_status add_tokens(ctx *c, part *p, const imp_source *s, uint32_t bas
     tovl_status st = TOVL_OK;
     for (uint32_t j = 0; st == TOVL_OK && j < s->pub.rows; j++) {
         uint32_t id = s->pub.ids[j];
-        uint32_t limit = base_rows ? base_rows : Vc;
-        if (id >= limit) {
-            st = tovl_error(TOVL_ERR_ID_OUT_OF_RANGE, "%s: tensor '%s' (field '%s'): id %u >= %s %u", s->pub.file,
-                            s->pub.tensor, s->pub.config_field, id,
-                            base_rows ? "the rows of its saved base layer" : "the base model's vocab_size", limit);
+        if (!base_rows && id >= V) {
+            st = tovl_error(TOVL_ERR_ID_OUT_OF_RANGE,
+                            "%s: tensor '%s' (field '%s'): id %u >= the served vocab %u (the base model's vocab_size "
+                            "is %u; an added token needs a padded vocabulary of at least %llu)", s->pub.file,
+                            s->pub.tensor, s->pub.config_field, id, V, Vc, (unsigned long long)id + 1);
+        } else if (base_rows && id >= base_rows) {
+            st = tovl_error(TOVL_ERR_ID_OUT_OF_RANGE,
+                            "%s: tensor '%s' (field '%s'): id %u >= the rows of its saved base layer %u", s->pub.file,
+                            s->pub.tensor, s->pub.config_field, id, base_rows);
         } else if (id >= V) {
             st = warn(c, "%s: trainable id %u lies beyond the served vocab %u and is dropped", s->pub.tensor, id,
                       V);
@@ -341,9 +352,9 @@ static tovl_status check_widths(ctx *c) {
 }
 
 static tovl_status missing_lm_tokens(const ctx *c) {
-    return tovl_error(TOVL_ERR_FORMAT, "%s/adapter_config.json: field '%s' lists %u lm_head ids but tensor "
-                      "'base_model.model.lm_head.token_adapter.trainable_tokens_delta' is missing",
-                      c->v.dir, c->v.tt_entry[TOVL_MODULE_LMHEAD]->field, c->v.tt_entry[TOVL_MODULE_LMHEAD]->count);
+    return tovl_error(TOVL_ERR_FORMAT, "%s/adapter_config.json: field '%s' lists %u lm_head ids but tensor '%s' is "
+                      "missing", c->v.dir, c->v.tt_entry[TOVL_MODULE_LMHEAD]->field,
+                      c->v.tt_entry[TOVL_MODULE_LMHEAD]->count, imp_tt_tensor_name(c->v.config, TOVL_MODULE_LMHEAD));
 }
 
 /* Tied model: the rules PEFT 0.21 follows (each checked against real PEFT). */
@@ -370,6 +381,13 @@ static tovl_status resolve_tied(ctx *c, bool *has_lm, const char **rule) {
         return st;
     }
     const imp_tt_entry *e_ids = v->tt_entry[TOVL_MODULE_EMBED], *l_ids = v->tt_entry[TOVL_MODULE_LMHEAD];
+    if (v->config->standalone && e_ids && l_ids) {
+        return tovl_error(TOVL_ERR_UNSUPPORTED,
+                          "%s/adapter_config.json: field 'target_modules' lists both embed_tokens and lm_head of a "
+                          "tied model: PEFT wraps its tied lm_head adapter around a second one and cannot run the "
+                          "adapter (TrainableTokensLayer wraps a TrainableTokensLayer); target embed_tokens only: "
+                          "PEFT ties the lm_head to it", v->dir);
+    }
     if (v->config->ensure_weight_tying && e_ids && l_ids && !same_ids(e_ids, l_ids)) {
         return tovl_error(TOVL_ERR_FORMAT, "%s/adapter_config.json: field 'trainable_token_indices': ensure_weight_tying"
                           " with different ids for embed_tokens and lm_head of a tied model (PEFT refuses this)",
@@ -416,7 +434,8 @@ static tovl_status resolve_tied(ctx *c, bool *has_lm, const char **rule) {
     }
     if (v->mts[TOVL_MODULE_EMBED] || l_ids || shared) {
         *has_lm = true;
-        *rule = l_ids ? "tied model: lm_head has its own trainable tokens (ids differ from embed_tokens')"
+        *rule = l_ids && !e_ids ? "tied model: lm_head has its own trainable tokens (none on embed_tokens)"
+                : l_ids ? "tied model: lm_head has its own trainable tokens (ids differ from embed_tokens')"
                 : v->mts[TOVL_MODULE_EMBED]
                     ? "tied model: lm_head left alone: modules_to_save copies embed_tokens only and "
                       "ensure_weight_tying is off, so PEFT keeps the base lm_head"
@@ -608,6 +627,14 @@ tovl_status tovl_adapter_resolve(tovl_backend *backend, const tovl_overlay_kerne
     }
     if (st == TOVL_OK && c.v.vllm[TOVL_MODULE_LMHEAD]) {
         st = add_extra_vocab(&c, &c.lm, c.v.vllm[TOVL_MODULE_LMHEAD]);
+    }
+    for (int m = 0; st == TOVL_OK && m < 2; m++) {
+        if (c.v.lora[m]) {
+            /* PEFT adds B.A to every row of the module: not a few rows, so not
+             * a token overlay; the overlay covers only the other tensors. */
+            st = warn(&c, "%s: LoRA on %s is not a token overlay (it updates every row); the engine's LoRA applies "
+                      "it, tovl does not", c.v.lora[m], m == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head");
+        }
     }
     if (st == TOVL_OK) {
         st = take_result(&c, has_lm, rule, out);

@@ -29,8 +29,9 @@ typedef struct tovl_kernel_timing {
     double batched_us; /* median per-launch time of `batch` back-to-back launches
                           recorded once and replayed (a CUDA/HIP graph, one Vulkan
                           command buffer): what an engine pays */
-    double single_us;  /* median time of one launch between device timestamps
-                          (events/timestamp queries; includes their overhead) */
+    double single_us;  /* median time of one launch between two timestamps on
+                          the device (events/timestamp queries; includes their
+                          overhead) */
     uint32_t repeats;  /* how many samples each median is over */
 } tovl_kernel_timing;
 

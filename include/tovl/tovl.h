@@ -452,7 +452,8 @@ typedef struct tovl_model_info {
 
 /* Open a model folder. `padded_vocab` 0 serves config vocab_size rows; a
  * larger value is the engine's padded vocab: rows vocab_size .. padded_vocab-1
- * are zero in the base embedding and lm_head (where added tokens live). */
+ * are zero in the base embedding and lm_head (where added tokens live: an
+ * adapter's trainable ids there supply those rows). */
 TOVL_API tovl_status tovl_model_open(const char *dir, uint32_t padded_vocab, tovl_model **out);
 TOVL_API void tovl_model_close(tovl_model *model);
 TOVL_API const tovl_model_info *tovl_model_get_info(const tovl_model *model);
@@ -466,13 +467,17 @@ TOVL_API tovl_status tovl_model_lmhead_product(const tovl_model *model, const ui
                                                float *logits);
 
 /* An adapter folder: adapter_config.json with adapter_model.safetensors
- * (PEFT), and/or new_embeddings.safetensors (vLLM's extra vocabulary).
- * Opening parses and validates the files; it needs no model. */
+ * (PEFT: LoRA's trainable_token_indices and modules_to_save, or the
+ * standalone Trainable Tokens method, peft_type TRAINABLE_TOKENS), and/or
+ * new_embeddings.safetensors (vLLM's extra vocabulary). Opening parses and
+ * validates the files; it needs no model. docs/ADAPTERS.md lists every
+ * format and rule. */
 typedef struct tovl_adapter tovl_adapter;
 
 /* Where overlay rows come from. */
 typedef enum tovl_adapter_source_kind {
-    TOVL_SOURCE_TRAINABLE_TOKENS = 0, /* PEFT trainable_tokens_delta: replacement rows for listed ids */
+    TOVL_SOURCE_TRAINABLE_TOKENS = 0, /* PEFT trainable_tokens_delta (LoRA's trainable_token_indices or the
+                                         TRAINABLE_TOKENS method): replacement rows for listed ids */
     TOVL_SOURCE_MODULES_TO_SAVE = 1,  /* PEFT modules_to_save: the module's full matrix (a copy) */
     TOVL_SOURCE_SAVED_BASE = 2,       /* a saved (resized) base layer, loaded into the base weight */
     TOVL_SOURCE_VLLM_EXTRA_VOCAB = 3  /* new_embeddings.safetensors: rows for ids base_vocab + k */
@@ -491,13 +496,16 @@ typedef struct tovl_adapter_source {
     const char *dtype;
     uint32_t rows, width;     /* the tensor's shape */
     const uint32_t *ids;      /* trainable tokens: the config's ids [rows]; else NULL */
-    const char *config_field; /* the adapter_config.json field that declared it, or NULL */
+    const char *config_field; /* the adapter_config.json field that declared it ("trainable_token_indices",
+                                 "trainable_token_indices.lm_head", "token_indices", ...), or NULL */
 } tovl_adapter_source;
 
 typedef struct tovl_adapter_info {
     const char *dir;
-    const char *format;         /* "peft trainable_token_indices", "peft modules_to_save", "vllm new_embeddings",
-                                   joined with " + "; "none" when the adapter has no token overlay */
+    const char *format;         /* "peft trainable_token_indices", "peft TRAINABLE_TOKENS" (the standalone
+                                   method), "peft modules_to_save", "peft saved embedding layers",
+                                   "vllm new_embeddings", joined with " + "; "none" when the adapter has
+                                   no token overlay */
     bool ensure_weight_tying;   /* adapter_config.json ensure_weight_tying */
     size_t source_count;
     const tovl_adapter_source *sources;

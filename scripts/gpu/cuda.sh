@@ -16,14 +16,8 @@
 #      launches, no programmatic dependent launch), then bench/torch_peer.py:
 #      the same work in PyTorch on the same GPU, and both side by side with
 #      the goals;
-#   6. the standalone programs of bench/, where the build made them:
-#      lmhead_microbench (the kernels alone on the bench workload, every cell
-#      checked, then timed), mma_probe (docs/PERFORMANCE.md's seventh
-#      session: tensor-core products checked and their loop timed) and
-#      embed_floor (the eighth session's: the embed hook beside an empty
-#      kernel, its lookups alone and an h = 4096-only copy of it) and
-#      laneslice_probe and lmhead_cluster_probe (the thirteenth session's
-#      lane-slice loops, and tiles cut by lanes over a cluster of blocks).
+#   6. bench/lmhead_microbench, where the build made it: the kernels alone on
+#      the bench workload, every cell checked, then timed.
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -81,10 +75,9 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
     --tovl-json "$out/bench.json"
 fi
 
-# 6. The bench/ programs (built by CMake's build check when nvcc saw sm_90).
-for prog in lmhead_microbench mma_probe embed_floor laneslice_probe lmhead_cluster_probe; do
-  [ -x "$build/backends/cuda/$prog" ] && step "$prog" "$build/backends/cuda/$prog" "$fresh_seed"
-done
+# 6. The microbenchmark (built by CMake's build check when nvcc saw sm_90).
+microbench=$build/backends/cuda/lmhead_microbench
+[ -x "$microbench" ] && step lmhead_microbench "$microbench" "$fresh_seed"
 
 echo
 echo "=== cuda summary (seed $fresh_seed; logs in $out)"
@@ -113,8 +106,9 @@ if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
 fi
-for prog in lmhead_microbench mma_probe embed_floor laneslice_probe lmhead_cluster_probe; do
-  [ -f "$out/$prog.log" ] && { echo "$prog:"; grep -E '^(device|mma_probe seed|laneslice_probe|part|lmhead_overlay|embed_overlay|cluster|wide|regs|ring|T=|all bit-exact|FAIL|ok$|  )' "$out/$prog.log" | head -40; }
-done
+if [ -f "$out/lmhead_microbench.log" ]; then
+  echo "lmhead_microbench:"
+  grep -E '^(device|lmhead_overlay|embed_overlay|all bit-exact|FAIL|  )' "$out/lmhead_microbench.log" | head -40
+fi
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'

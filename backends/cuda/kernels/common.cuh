@@ -147,7 +147,8 @@ __device__ __forceinline__ void store16(void *p, uint4 v) {
 /* A 16-byte store to global memory; p must be 16-byte aligned. One st.v4:
  * for the plain `*(uint4 *)p = v` of store16, nvcc emitted four 4-byte
  * stores where p came from a bf16 row pointer (embed_overlay's copy: this
- * alone took T = 512 from 2.58 to 2.38 us on the H200, docs/PERFORMANCE.md). */
+ * alone took T = 512 from 2.58 to 2.38 us on the H200; docs/PERFORMANCE.md,
+ * Embed hook). */
 __device__ __forceinline__ void store16_global(void *p, uint4 v) {
 #if defined(TOVL_CUDA_EMU)
     store16(p, v);

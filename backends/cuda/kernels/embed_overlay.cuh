@@ -14,10 +14,10 @@
  * otherwise: scalar up to the first 16-byte boundary both rows share, or
  * throughout when they share none, e.g. hidden rows of h = 100).
  *
- * On the H200 (docs/PERFORMANCE.md, eighth session) this took 2.2 us at
+ * On the H200 (docs/PERFORMANCE.md, Embed hook) this takes 2.2 us at
  * T = 512 with plain launches, of which about 0.8 is the launch and 0.6 the
- * two lookups; the same kernel with h fixed at compile time took 2.1. With
- * programmatic dependent launch (common.cuh; tenth session) it takes 1.75.
+ * two lookups; the same kernel with h fixed at compile time takes 2.1. With
+ * programmatic dependent launch (common.cuh) it takes 1.75.
  */
 #ifndef TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH
 #define TOVL_CUDA_KERNELS_EMBED_OVERLAY_CUH

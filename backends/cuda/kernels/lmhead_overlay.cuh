@@ -449,7 +449,7 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], co
  * On the H200 that took T = 96 from 12.4 to 8.5 us with the large tiles, and
  * T = 512 from 24.7 to 24.6. The small variant keeps blockIdx order: it runs
  * only grids with a block per SM (cuda_geometry.c), where tiles-first order
- * cost 0.15 us at T = 32 and 64 (docs/PERFORMANCE.md, ninth session). */
+ * cost 0.15 us at T = 32 and 64 (docs/PERFORMANCE.md, Lm_head tiles). */
 struct LmheadPlace {
     uint32_t x, y;
 };
@@ -584,11 +584,12 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     /* The block knows its rows: the next kernel may start launching (it
      * waits for this grid to complete before it reads the logits). On the
      * H200 this and the wait took 0.3-0.5 us off a launch, as early as at
-     * entry or as late as after the chunk loop (docs/PERFORMANCE.md). But the
-     * next kernel's blocks are then placed beside this one's: when this grid
-     * leaves SMs free (no more tiles than SMs), two of its large tiles would
-     * land on one free SM and the next launch of this kernel took 11-12 us
-     * instead of 8.3 at T = 80-112 on the H200. So the large tiles let go
+     * entry or as late as after the chunk loop (docs/PERFORMANCE.md,
+     * Programmatic dependent launch). But the next kernel's blocks are then
+     * placed beside this one's: when this grid leaves SMs free (no more
+     * tiles than SMs), two of its large tiles would land on one free SM and
+     * the next launch of this kernel took 11-12 us instead of 8.3 at
+     * T = 80-112 on the H200. So the large tiles let go
      * early only when they fill the device; the small ones (a block per SM,
      * nothing fits beside them) always do. */
     if (!C::TRIGGER_WHEN_FULL || fills) {
