@@ -11,9 +11,12 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 
 scripts/setup-debian.sh
-grep -qx '/.gl/' .git/info/exclude 2>/dev/null || echo '/.gl/' >> .git/info/exclude
-grep -qx '/.gpulibs/' .git/info/exclude 2>/dev/null || echo '/.gpulibs/' >> .git/info/exclude
-grep -qx '/.gpubuild/' .git/info/exclude 2>/dev/null || echo '/.gpubuild/' >> .git/info/exclude
+# (git's own path for it: in a worktree .git is a file, not a folder.)
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+for ignored in /.gl/ /.gpulibs/ /.gpubuild/; do
+  grep -qx "$ignored" "$exclude" 2>/dev/null || echo "$ignored" >> "$exclude"
+done
 
 # 1. The build, of what is committed (HEAD), in a clean copy so work in
 #    progress never reaches the GPU run; then moved here to be carried. Paths

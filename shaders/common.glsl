@@ -16,6 +16,13 @@ layout(buffer_reference, std430, buffer_reference_align = 16) buffer U16x8Buf { 
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer U32Buf { uint v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer I32Buf { int v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer U64Buf { uint64_t v[]; };
+// The same views for memory a kernel only reads (tables, ids, slots, source
+// rows): readonly lets the driver take its read-only load path.
+layout(buffer_reference, std430, buffer_reference_align = 2) readonly buffer U16In { uint16_t v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 16) readonly buffer U16x8In { uvec4 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer U32In { uint v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer I32In { int v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) readonly buffer U64In { uint64_t v[]; };
 
 // Byte address of element `index` of `elem_size`-byte elements: 64-bit, so
 // matrices over 4 GiB (T * ld logits) index correctly.
@@ -59,7 +66,7 @@ uint linear_group_xy() {
 
 // The slot of row t: the per-row array when present, else the one active slot.
 int row_slot(uint64_t slots, int active_slot, uint t) {
-    return slots != uint64_t(0) ? I32Buf(slots).v[t] : active_slot;
+    return slots != uint64_t(0) ? I32In(slots).v[t] : active_slot;
 }
 
 bool slot_valid(int slot, uint max_loras) {

@@ -102,6 +102,34 @@ Test(vulkan, device_choice_by_env) {
     tovl_backend_close(be);
 }
 
+Test(vulkan, lmhead_variant_by_env) {
+    unsetenv("TOVL_VULKAN_LMHEAD");
+    tovl_backend *be = open_vulkan();
+    const char *v = tovl_backend_property(be, "lmhead_variant");
+    cr_assert_not_null(v);
+    cr_expect(strstr(v, "row below T = ") == v, "default lmhead_variant '%s'", v);
+    const char *probes[] = {"dispatch_floor_bare", "dispatch_floor_bind", "dispatch_floor_contract",
+                            "dispatch_floor_all_commands", "dispatch_floor_unsynced"};
+    for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
+        cr_expect_neq(tovl_try_kernel(be, probes[i]), 0, "floor probe %s missing", probes[i]);
+    }
+    tovl_backend_close(be);
+    const char *forced[] = {"tile", "row"};
+    for (int i = 0; i < 2; i++) {
+        setenv("TOVL_VULKAN_LMHEAD", forced[i], 1);
+        cr_assert_eq(tovl_backend_open("vulkan", &be), TOVL_OK, "%s", tovl_last_error());
+        v = tovl_backend_property(be, "lmhead_variant");
+        cr_expect(v && strncmp(v, forced[i], strlen(forced[i])) == 0, "lmhead_variant '%s' for %s", v, forced[i]);
+        tovl_backend_close(be);
+    }
+    setenv("TOVL_VULKAN_LMHEAD", "tiles", 1);
+    be = NULL;
+    cr_expect_eq(tovl_backend_open("vulkan", &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_null(be);
+    cr_expect(strstr(tovl_last_error(), "TOVL_VULKAN_LMHEAD='tiles'") != NULL, "detail: %s", tovl_last_error());
+    unsetenv("TOVL_VULKAN_LMHEAD");
+}
+
 Test(vulkan, memory_by_address_roundtrips_fills_and_rejects_strangers) {
     tovl_backend *be = open_vulkan();
     tu_rng r = tu_rng_for("vulkan_memory");
@@ -652,7 +680,10 @@ Test(vulkan, bench_cli_times_the_batch_sizes_it_is_given, .timeout = 300) {
     text[n] = '\0';
     fclose(f);
     unlink(json_path);
-    cr_expect_eq(count_of(text, "\"graph_us\""), 7, "rowdiff and three hooks at each of two sizes:\n%s", text);
+    cr_expect_eq(count_of(text, "\"graph_us\""), 13,
+                 "rowdiff, the idle embed, five floor probes and three hooks at each of two sizes:\n%s", text);
+    cr_expect_eq(count_of(text, "\"idle T=1 slot -1\""), 1, "%s", text);
+    cr_expect_eq(count_of(text, "\"dispatch_floor_"), 5, "%s", text);
     cr_expect_eq(count_of(text, "\"T=12 h="), 3, "%s", text);
     cr_expect_eq(count_of(text, "\"T=5 h="), 3, "%s", text);
     cr_expect_eq(count_of(text, "\"T=64 h="), 0, "--quick's sizes are replaced by --tokens: %s", text);

@@ -30,11 +30,22 @@ set_tests_properties(test_vulkan_conform PROPERTIES TIMEOUT 900 ENVIRONMENT "TOV
 set_tests_properties(test_vulkan_conform_subgroup4 PROPERTIES TIMEOUT 900
   ENVIRONMENT "TOVL_VULKAN_VALIDATION=1;LP_NATIVE_VECTOR_WIDTH=128;TOVL_EXPECT_LAVAPIPE_SUBGROUP=4")
 
+# The lm_head variants forced (by default the row variant runs below T = 56
+# and the tiles from it): the tiles at subgroup size 8, the rows at 4. (One
+# "_variant" suffix after the target's name: tests/hardening.cmake gives such
+# tests the sanitizer preload.)
+add_test(NAME test_vulkan_conform_tiles COMMAND test_vulkan_conform --short-filename)
+add_test(NAME test_vulkan_conform_rows-subgroup4 COMMAND test_vulkan_conform --short-filename)
+set_tests_properties(test_vulkan_conform_tiles PROPERTIES TIMEOUT 900
+  ENVIRONMENT "TOVL_VULKAN_VALIDATION=1;TOVL_VULKAN_LMHEAD=tile")
+set_tests_properties(test_vulkan_conform_rows-subgroup4 PROPERTIES TIMEOUT 900
+  ENVIRONMENT "TOVL_VULKAN_VALIDATION=1;LP_NATIVE_VECTOR_WIDTH=128;TOVL_EXPECT_LAVAPIPE_SUBGROUP=4;TOVL_VULKAN_LMHEAD=row")
+
 # Every float add/sub/mul of the embedded shaders must carry NoContraction
 # (no FMA fusion); a run on lavapipe cannot see fusion, so check the SPIR-V.
 find_program(TOVL_SPIRV_DIS spirv-dis)
 if(TOVL_SPIRV_DIS)
-  foreach(k rowdiff lmhead_overlay_bf16 lmhead_overlay_f32)
+  foreach(k rowdiff lmhead_overlay_bf16 lmhead_overlay_f32 lmhead_overlay_bf16_row lmhead_overlay_f32_row)
     add_test(NAME test_vulkan_spirv_no_contraction_${k}
       COMMAND ${CMAKE_COMMAND} -DSPIRV_DIS=${TOVL_SPIRV_DIS}
               -DSPV=${PROJECT_BINARY_DIR}/backends/vulkan/shaders/${k}.spv

@@ -23,6 +23,14 @@
  * lm_head outputs, concatenated, are checked against the unsharded set's bit
  * for bit (bf16 and f32 logits), then each rank's lm_head kernel is timed on
  * its own logits shard [T, shard width], beside the unsharded one.
+ *
+ * The per-dispatch floor: an idle embed launch (T = 1, its slot -1, so the
+ * kernel reads one word and returns) on every backend, and, where a backend
+ * offers them (Vulkan), the dispatch_floor_* probes: an empty kernel recorded
+ * `batch` times with the narrowest barrier between hooks (bare), with a
+ * pipeline bind and push constants each time (bind), exactly as a hook launch
+ * (contract), as one with ALL_COMMANDS in its barriers (all_commands), and
+ * with no barrier at all (unsynced).
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -41,6 +49,11 @@
 /* The largest T --tokens takes: logits of T x vocab f32 are 0.6 GB per 1024 rows. */
 #define BENCH_MAX_T 65536u
 
+/* The floor probes a backend may offer (see the top of this file). */
+static const char *const floor_probes[] = {"dispatch_floor_bare", "dispatch_floor_bind", "dispatch_floor_contract",
+                                           "dispatch_floor_all_commands", "dispatch_floor_unsynced"};
+#define BENCH_FLOOR_ROWS (1 + sizeof floor_probes / sizeof floor_probes[0]) /* the idle embed, the probes */
+
 typedef struct bench_options {
     const char *backend, *json;
     uint64_t seed;
@@ -49,6 +62,7 @@ typedef struct bench_options {
     uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
     uint32_t n_tokens;
     uint32_t tp; /* > 1: also the lm_head as this many vocab shards */
+    bool hooks_only; /* --hooks-only: no copy bandwidth, no rowdiff */
 } bench_options;
 
 typedef struct bench_row {
@@ -67,7 +81,8 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    bench_row rows[1 + (3 + 2 * BENCH_MAX_TP) * BENCH_MAX_SIZES]; /* rowdiff, then per size 3 hooks and the shards */
+    /* rowdiff, the floor, then per size the 3 hooks and 2 per shard */
+    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 2 * BENCH_MAX_TP) * BENCH_MAX_SIZES];
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
@@ -77,7 +92,7 @@ typedef struct bench_run {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--tp N] [--quick]\n\n"
+            "                  [--tokens T[,T...]] [--tp N] [--quick] [--hooks-only]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
@@ -86,6 +101,7 @@ static void usage(FILE *f) {
             "each 1 .. %u). --tp N (2 .. %d): also N vocab shard sets (vLLM's split, pad 64), their\n"
             "lm_head outputs concatenated checked bit for bit against the unsharded set, then each\n"
             "rank's lm_head timed on its logits shard. --quick: small sizes, for a smoke run.\n"
+            "--hooks-only: the floor and the hooks only (no copy bandwidth, no rowdiff).\n"
             "Backends without a clock on the device (cpu) are refused.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
 }
@@ -407,6 +423,36 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, t
     return st;
 }
 
+/* The per-dispatch floor: the idle embed launch, then the backend's probes. */
+static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
+    const bench_options *o = run->opt;
+    const int32_t no_slot = -1;
+    const uint32_t id = 0;
+    tovl_devptr d_slot = 0, d_id = 0, hidden = 0;
+    tovl_status st = upload_new(run->be, &no_slot, sizeof no_slot, &d_slot);
+    if (st == TOVL_OK) st = upload_new(run->be, &id, sizeof id, &d_id);
+    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden);
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+    if (st == TOVL_OK) {
+        tovl_embed_overlay_args e = {hidden, d_id, d_slot, tab.embed_slot_map_table, tab.embed_rows_table,
+                                     tab.embed_n_table, 1, o->h, o->vocab, o->slots, -1, 0};
+        st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, "idle T=1 slot -1",
+                      (uint32_t[3]){1, 1, 1}, &e, sizeof e, 0.0, 0.0, 1, -1);
+    }
+    const tovl_lmhead_overlay_args pushed = {0}; /* the probes push the largest argument struct */
+    for (size_t i = 0; i < sizeof floor_probes / sizeof floor_probes[0] && st == TOVL_OK; i++) {
+        const tovl_kernel probe = tovl_try_kernel(run->be, floor_probes[i]);
+        if (probe) {
+            st = time_one(run, floor_probes[i], probe, "empty shader", (uint32_t[3]){1, 1, 1}, &pushed,
+                          sizeof pushed, 0.0, 0.0, 0, -1);
+        }
+    }
+    tovl_free(run->be, d_slot);
+    tovl_free(run->be, d_id);
+    tovl_free(run->be, hidden);
+    return st;
+}
+
 static tovl_status bench_hooks(bench_run *run) {
     const bench_options *o = run->opt;
     uint32_t *embed_ids = malloc((size_t)o->slots * o->rows_per_slot * sizeof *embed_ids);
@@ -421,6 +467,7 @@ static tovl_status bench_hooks(bench_run *run) {
             st = tovl_token_overlay_set_from_slots_shard(run->be, slots, o->slots, false, start, end, &shards[r]);
         }
     }
+    if (st == TOVL_OK) st = bench_floor(run, set);
     for (uint32_t i = 0; i < o->n_tokens && st == TOVL_OK; i++) {
         st = bench_hooks_at(run, set, shards, embed_ids, o->tokens[i]);
     }
@@ -493,7 +540,7 @@ static void print_table(const bench_run *run) {
     if (run->copy_gbps > 0) {
         printf("\ndevice copy bandwidth: %.1f GB/s (read + written)\n", run->copy_gbps);
     } else {
-        printf("\ndevice copy bandwidth: not measured (the backend has no copy_bandwidth)\n");
+        printf("\ndevice copy bandwidth: not measured (--hooks-only, or the backend has no copy_bandwidth)\n");
     }
 }
 
@@ -589,6 +636,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"quick", no_argument, NULL, 'q'},
+                                         {"hooks-only", no_argument, NULL, 'H'},
                                          {"tokens", required_argument, NULL, 't'},
                                          {"backend", required_argument, NULL, 'k'},
                                          {"json", required_argument, NULL, 'j'},
@@ -604,6 +652,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
         if (c == 'h') {
             usage(stdout);
             return 0;
+        } else if (c == 'H') {
+            o->hooks_only = true;
         } else if (c == 'q') {
             quick = true; /* its batch sizes unless --tokens gives them */
             o->batch = 4;
@@ -680,7 +730,7 @@ int tovl_cmd_bench(int argc, char **argv) {
         printf("programmatic dependent launch: %s\n", run.pdl);
     }
     fflush(stdout);
-    tovl_status st = bench_rowdiff(&run);
+    tovl_status st = o.hooks_only ? TOVL_OK : bench_rowdiff(&run);
     if (st == TOVL_OK) st = bench_hooks(&run);
     if (run.n_rows) {
         print_table(&run);

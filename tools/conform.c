@@ -104,6 +104,7 @@ static const case_def hook_cases[] = {
     {"misaligned_buffers", 19, 130, 301, 1, 3, 11, true, false, false, true, false, false, PROBE_NONE},
     {"max_loras_1", 25, 64, 256, 0, 1, 30, true, false, false, false, false, false, PROBE_NONE},
     {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false, false, PROBE_NONE},
+    {"many_slots_300", 96, 64, 4096, 0, 300, 3, false, false, false, false, false, false, PROBE_NONE},
     {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false, false, PROBE_NONE},
     {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true, false, PROBE_NONE},
     {"slots_out_of_range", 64, 40, 300, 0, 3, 12, true, false, false, false, false, true, PROBE_NONE},

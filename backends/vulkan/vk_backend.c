@@ -60,6 +60,9 @@ static const char *vk_property(void *vctx, const char *key) {
     if (strcmp(key, "api_version") == 0) {
         return ctx->api_text;
     }
+    if (strcmp(key, "lmhead_variant") == 0) {
+        return tovl_vk_lmhead_choice_text(ctx);
+    }
     if (strcmp(key, "validation") == 0) {
         return ctx->validation ? "on" : "off";
     }
@@ -132,11 +135,26 @@ static tovl_status finish_open(vk_ctx *ctx, uint32_t queue_index, tovl_backend *
                           ctx->queue_family);
     }
     tovl_vk_describe_device(ctx);
-    tovl_status st = tovl_vk_memory_init(ctx);
+    /* TOVL_VULKAN_LMHEAD: which lm_head variant runs (for measurements). */
+    const char *lmhead = getenv("TOVL_VULKAN_LMHEAD");
+    tovl_status st = TOVL_OK;
+    if (!lmhead || !*lmhead) {
+        ctx->lmhead_choice = VK_LMHEAD_AUTO;
+    } else if (strcmp(lmhead, "row") == 0) {
+        ctx->lmhead_choice = VK_LMHEAD_ROW;
+    } else if (strcmp(lmhead, "tile") == 0) {
+        ctx->lmhead_choice = VK_LMHEAD_TILE;
+    } else {
+        st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "vulkan: TOVL_VULKAN_LMHEAD='%.32s': expected row, tile or unset",
+                        lmhead);
+    }
+    if (st == TOVL_OK) {
+        st = tovl_vk_memory_init(ctx);
+    }
     if (st == TOVL_OK) {
         st = tovl_vk_kernels_init(ctx);
     }
-    if (st == TOVL_OK && !ctx->float_controls.denorm_preserve && ctx->pipelines[VK_KERNEL_LMHEAD_F32]) {
+    if (st == TOVL_OK && !ctx->float_controls.denorm_preserve && ctx->pipelines[VK_PIPELINE_LMHEAD_F32_ROW]) {
         bool preserved = false;
         st = tovl_vk_probe_denormals(ctx, &preserved);
         snprintf(ctx->denormals_text, sizeof ctx->denormals_text, "%s",

@@ -15,18 +15,42 @@
 #include "tovl/backend.h"
 
 /* The kernels this backend ships, in the order of the embedded shader table;
- * a kernel handle is its index + 1. */
+ * a kernel handle is its index + 1. The floor probes are for `tovl bench`
+ * only (vk_timing.c): an empty shader recorded five ways. */
 enum {
     VK_KERNEL_ROWDIFF,
     VK_KERNEL_EMBED_OVERLAY,
     VK_KERNEL_LMHEAD_BF16,
     VK_KERNEL_LMHEAD_F32,
+    VK_KERNEL_FLOOR_BARE,      /* bound once; dispatch + compute-write -> compute-read barrier */
+    VK_KERNEL_FLOOR_BIND,      /* bind + push + dispatch + that barrier, each time */
+    VK_KERNEL_FLOOR_CONTRACT,  /* recorded exactly as a hook launch (tovl_vk_record_launch) */
+    VK_KERNEL_FLOOR_ALL_COMMANDS, /* a hook launch with ALL_COMMANDS barriers before and after */
+    VK_KERNEL_FLOOR_UNSYNCED,  /* bound once; dispatches with no barrier */
     VK_KERNEL_COUNT
+};
+#define VK_KERNEL_FIRST_FLOOR VK_KERNEL_FLOOR_BARE
+
+/* The pipelines: one per shader module (the lm_head kernels have two). */
+enum {
+    VK_PIPELINE_ROWDIFF,
+    VK_PIPELINE_EMBED_OVERLAY,
+    VK_PIPELINE_LMHEAD_BF16_TILE,
+    VK_PIPELINE_LMHEAD_F32_TILE,
+    VK_PIPELINE_LMHEAD_BF16_ROW,
+    VK_PIPELINE_LMHEAD_F32_ROW,
+    VK_PIPELINE_FLOOR,
+    VK_PIPELINE_COUNT
 };
 
 /* Logical grid -> workgroups: see vk_kernels.c. */
 #define VK_WORKGROUP_SIZE 256u
-#define VK_LMHEAD_CELLS_PER_GROUP 8u /* TEAMS in shaders/lmhead_overlay.glsl */
+#define VK_LMHEAD_CELLS_PER_GROUP 8u /* TEAMS in shaders/lmhead_overlay_row.glsl */
+#define VK_LMHEAD_TILE_BM 8u         /* BM, BN in shaders/lmhead_overlay_tile.glsl */
+#define VK_LMHEAD_TILE_BN 8u
+
+/* Which lm_head variant runs (TOVL_VULKAN_LMHEAD = row | tile; default: by T). */
+typedef enum { VK_LMHEAD_AUTO, VK_LMHEAD_ROW, VK_LMHEAD_TILE } vk_lmhead_choice;
 
 /* One device allocation: a buffer with a device address, freed by address. */
 typedef struct vk_allocation {
@@ -76,7 +100,8 @@ typedef struct vk_ctx {
 
     /* Pipelines, created at open so launches never allocate. */
     VkPipelineLayout layout;
-    VkPipeline pipelines[VK_KERNEL_COUNT];
+    VkPipeline pipelines[VK_PIPELINE_COUNT];
+    vk_lmhead_choice lmhead_choice;
 
     /* Device facts. */
     vk_float_controls float_controls;
@@ -133,6 +158,13 @@ tovl_status tovl_vk_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3]
 /* Record one launch (barrier, bind, push, dispatch, barrier) into `cmd`. */
 tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, const uint32_t grid[3],
                              const void *args, size_t args_size);
+
+/* The floor probes (VK_KERNEL_FLOOR_*, for tovl bench): `count` dispatches
+ * of the empty shader, recorded the way the probe names. */
+tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, uint32_t count,
+                                 const void *args, size_t args_size);
+/* Which lm_head variant runs, in words (the lmhead_variant property). */
+const char *tovl_vk_lmhead_choice_text(const vk_ctx *ctx);
 
 /* Run a subnormal probe dot through lmhead_overlay_f32: true when the device
  * kept the subnormals (and did not fuse). */

@@ -51,32 +51,59 @@ _Static_assert(sizeof(tovl_lmhead_overlay_args) == 80, "LmheadOverlayArgs is 80 
 _Static_assert(VK_PUSH_CONSTANT_BYTES <= 128, "push constants must fit the 128 bytes every device has");
 
 /* SPIR-V embedded at build time (backends/vulkan/CMakeLists.txt). */
-extern const unsigned char tovl_vk_spirv_rowdiff[];
-extern const size_t tovl_vk_spirv_rowdiff_size;
-extern const unsigned char tovl_vk_spirv_embed_overlay[];
-extern const size_t tovl_vk_spirv_embed_overlay_size;
-extern const unsigned char tovl_vk_spirv_lmhead_overlay_bf16[];
-extern const size_t tovl_vk_spirv_lmhead_overlay_bf16_size;
-extern const unsigned char tovl_vk_spirv_lmhead_overlay_f32[];
-extern const size_t tovl_vk_spirv_lmhead_overlay_f32_size;
+#define VK_SPIRV(name)                                  \
+    extern const unsigned char tovl_vk_spirv_##name[]; \
+    extern const size_t tovl_vk_spirv_##name##_size
+VK_SPIRV(rowdiff);
+VK_SPIRV(embed_overlay);
+VK_SPIRV(lmhead_overlay_bf16);
+VK_SPIRV(lmhead_overlay_f32);
+VK_SPIRV(lmhead_overlay_bf16_row);
+VK_SPIRV(lmhead_overlay_f32_row);
+VK_SPIRV(dispatch_floor);
 
 typedef struct vk_shader {
     const char *name;
-    const unsigned char *spirv; /* NULL: not in this build (handle 0) */
+    const unsigned char *spirv; /* NULL: not in this build */
     const size_t *spirv_size;
-    size_t args_size;
 } vk_shader;
 
-static const vk_shader shaders[VK_KERNEL_COUNT] = {
-    [VK_KERNEL_ROWDIFF] = {TOVL_KERNEL_ROWDIFF, tovl_vk_spirv_rowdiff, &tovl_vk_spirv_rowdiff_size,
-                           sizeof(tovl_rowdiff_args)},
-    [VK_KERNEL_EMBED_OVERLAY] = {TOVL_KERNEL_EMBED_OVERLAY, tovl_vk_spirv_embed_overlay,
-                                 &tovl_vk_spirv_embed_overlay_size, sizeof(tovl_embed_overlay_args)},
-    [VK_KERNEL_LMHEAD_BF16] = {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, tovl_vk_spirv_lmhead_overlay_bf16,
-                               &tovl_vk_spirv_lmhead_overlay_bf16_size, sizeof(tovl_lmhead_overlay_args)},
-    [VK_KERNEL_LMHEAD_F32] = {TOVL_KERNEL_LMHEAD_OVERLAY_F32, tovl_vk_spirv_lmhead_overlay_f32,
-                              &tovl_vk_spirv_lmhead_overlay_f32_size, sizeof(tovl_lmhead_overlay_args)},
+#define VK_SHADER(name) {#name, tovl_vk_spirv_##name, &tovl_vk_spirv_##name##_size}
+static const vk_shader shaders[VK_PIPELINE_COUNT] = {
+    [VK_PIPELINE_ROWDIFF] = VK_SHADER(rowdiff),
+    [VK_PIPELINE_EMBED_OVERLAY] = VK_SHADER(embed_overlay),
+    [VK_PIPELINE_LMHEAD_BF16_TILE] = VK_SHADER(lmhead_overlay_bf16),
+    [VK_PIPELINE_LMHEAD_F32_TILE] = VK_SHADER(lmhead_overlay_f32),
+    [VK_PIPELINE_LMHEAD_BF16_ROW] = VK_SHADER(lmhead_overlay_bf16_row),
+    [VK_PIPELINE_LMHEAD_F32_ROW] = VK_SHADER(lmhead_overlay_f32_row),
+    [VK_PIPELINE_FLOOR] = VK_SHADER(dispatch_floor),
 };
+
+/* The kernels by name: their argument size (0: any, up to the push-constant
+ * range) and pipeline (the lm_head kernels: the tile variant; the row variant
+ * is the next pipeline). */
+typedef struct vk_kernel_entry {
+    const char *name;
+    size_t args_size;
+    int pipeline;
+} vk_kernel_entry;
+
+static const vk_kernel_entry kernels[VK_KERNEL_COUNT] = {
+    [VK_KERNEL_ROWDIFF] = {TOVL_KERNEL_ROWDIFF, sizeof(tovl_rowdiff_args), VK_PIPELINE_ROWDIFF},
+    [VK_KERNEL_EMBED_OVERLAY] = {TOVL_KERNEL_EMBED_OVERLAY, sizeof(tovl_embed_overlay_args), VK_PIPELINE_EMBED_OVERLAY},
+    [VK_KERNEL_LMHEAD_BF16] = {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, sizeof(tovl_lmhead_overlay_args),
+                               VK_PIPELINE_LMHEAD_BF16_TILE},
+    [VK_KERNEL_LMHEAD_F32] = {TOVL_KERNEL_LMHEAD_OVERLAY_F32, sizeof(tovl_lmhead_overlay_args),
+                              VK_PIPELINE_LMHEAD_F32_TILE},
+    [VK_KERNEL_FLOOR_BARE] = {"dispatch_floor_bare", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_BIND] = {"dispatch_floor_bind", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_CONTRACT] = {"dispatch_floor_contract", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_ALL_COMMANDS] = {"dispatch_floor_all_commands", 0, VK_PIPELINE_FLOOR},
+    [VK_KERNEL_FLOOR_UNSYNCED] = {"dispatch_floor_unsynced", 0, VK_PIPELINE_FLOOR},
+};
+_Static_assert(VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE == 2 &&
+                   VK_PIPELINE_LMHEAD_F32_ROW - VK_PIPELINE_LMHEAD_F32_TILE == 2,
+               "each lm_head row variant sits two pipelines after its tile variant");
 
 static tovl_status create_pipeline(vk_ctx *ctx, const vk_shader *shader, VkPipeline *out) {
     uint32_t *words = NULL;
@@ -134,7 +161,7 @@ tovl_status tovl_vk_kernels_init(vk_ctx *ctx) {
         ctx->layout = VK_NULL_HANDLE;
         return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreatePipelineLayout: %s", tovl_vk_result_str(r));
     }
-    for (int k = 0; k < VK_KERNEL_COUNT; k++) {
+    for (int k = 0; k < VK_PIPELINE_COUNT; k++) {
         if (!shaders[k].spirv) {
             continue;
         }
@@ -150,7 +177,7 @@ void tovl_vk_kernels_release(vk_ctx *ctx) {
     if (!ctx->device) {
         return;
     }
-    for (int k = 0; k < VK_KERNEL_COUNT; k++) {
+    for (int k = 0; k < VK_PIPELINE_COUNT; k++) {
         if (ctx->pipelines[k]) {
             ctx->vk.vkDestroyPipeline(ctx->device, ctx->pipelines[k], NULL);
         }
@@ -163,69 +190,177 @@ void tovl_vk_kernels_release(vk_ctx *ctx) {
 tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
     vk_ctx *ctx = vctx;
     for (int k = 0; k < VK_KERNEL_COUNT; k++) {
-        if (strcmp(name, shaders[k].name) == 0) {
-            return ctx->pipelines[k] ? (tovl_kernel)(k + 1) : 0;
+        if (strcmp(name, kernels[k].name) == 0) {
+            return ctx->pipelines[kernels[k].pipeline] ? (tovl_kernel)(k + 1) : 0;
         }
     }
     return 0;
 }
 
-/* Logical grid -> workgroup counts (see the shaders' main()). */
-static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], uint32_t groups[3]) {
-    uint32_t rows, chunks;
-    if (k == VK_KERNEL_LMHEAD_BF16 || k == VK_KERNEL_LMHEAD_F32) {
-        /* X = chunks of cells of k, Y and Z = t. */
-        rows = grid[0];
-        chunks = (uint32_t)(((uint64_t)grid[1] + VK_LMHEAD_CELLS_PER_GROUP - 1) / VK_LMHEAD_CELLS_PER_GROUP);
-        groups[0] = chunks;
-        groups[1] = rows < ctx->max_groups[1] ? rows : ctx->max_groups[1];
-        groups[2] = groups[1] ? (uint32_t)(((uint64_t)rows + groups[1] - 1) / groups[1]) : 0;
-        if (groups[0] > ctx->max_groups[0] || groups[2] > ctx->max_groups[2]) {
-            return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid (%u, %u) exceeds the device's workgroup counts",
-                              shaders[k].name, grid[0], grid[1]);
+/* The lm_head tiles take over from the rows at this batch size (AUTO). On
+ * the H200 with 8 slots x 64 rows, with the ALL_COMMANDS barriers of before
+ * (2.8 us more a dispatch), the rows took 9.6, 10.7, 16.3 us at T = 16, 32,
+ * 64 and the tiles 13.7, 13.9, 14.0; with today's barriers the rows took 6.8,
+ * 7.9, 9.1 us at T = 16, 32, 48 (docs/PERFORMANCE.md, Vulkan). */
+#define VK_LMHEAD_TILE_MIN_T 56
+#define TOVL_STR_(x) #x
+#define TOVL_STR(x) TOVL_STR_(x)
+
+static bool lmhead_tiles(const vk_ctx *ctx, const tovl_lmhead_overlay_args *a) {
+    switch (ctx->lmhead_choice) {
+    case VK_LMHEAD_ROW: return false;
+    case VK_LMHEAD_TILE: return true;
+    default: return a->T >= (uint32_t)VK_LMHEAD_TILE_MIN_T;
+    }
+}
+
+static uint32_t ceil_div(uint64_t a, uint64_t b) {
+    return (uint32_t)((a + b - 1) / b);
+}
+
+/* One logical index of `count` workgroups spread over X and Y. */
+static tovl_status spread_xy(const vk_ctx *ctx, const char *name, uint64_t count, uint32_t groups[3]) {
+    groups[0] = (uint32_t)(count < ctx->max_groups[0] ? count : ctx->max_groups[0]);
+    groups[1] = groups[0] ? ceil_div(count, groups[0]) : 0;
+    groups[2] = 1;
+    if (count > UINT32_MAX || groups[1] > ctx->max_groups[1]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s needs %llu workgroups, more than the device's counts allow",
+                          name, (unsigned long long)count);
+    }
+    return TOVL_OK;
+}
+
+/* Logical grid -> pipeline and workgroup counts (see the shaders' main()). */
+static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], const void *args, int *pipeline,
+                              uint32_t groups[3]) {
+    const char *name = kernels[k].name;
+    *pipeline = kernels[k].pipeline;
+    if (k >= VK_KERNEL_FIRST_FLOOR) {
+        groups[0] = groups[1] = groups[2] = 1;
+        return TOVL_OK;
+    }
+    if (k != VK_KERNEL_LMHEAD_BF16 && k != VK_KERNEL_LMHEAD_F32) {
+        return spread_xy(ctx, name, grid[0], groups); /* X and Y = the one logical index */
+    }
+    const tovl_lmhead_overlay_args *a = args;
+    if (lmhead_tiles(ctx, a)) {
+        /* The tiles: (groups of rows, columns of overlay rows), one index. */
+        const uint64_t row_groups = (uint64_t)ceil_div(a->T, VK_LMHEAD_TILE_BM) + (a->max_loras < a->T ? a->max_loras : a->T);
+        return spread_xy(ctx, name, row_groups * ceil_div(a->max_n, VK_LMHEAD_TILE_BN), groups);
+    }
+    /* The rows: X = chunks of cells of k, Y and Z = t. */
+    *pipeline += VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE;
+    const uint32_t rows = grid[0];
+    groups[0] = ceil_div(grid[1], VK_LMHEAD_CELLS_PER_GROUP);
+    groups[1] = rows < ctx->max_groups[1] ? rows : ctx->max_groups[1];
+    groups[2] = groups[1] ? ceil_div(rows, groups[1]) : 0;
+    if (groups[0] > ctx->max_groups[0] || groups[2] > ctx->max_groups[2]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid (%u, %u) exceeds the device's workgroup counts", name,
+                          grid[0], grid[1]);
+    }
+    return TOVL_OK;
+}
+
+/* The hooks' barriers cover the compute-shader and transfer stages, where an
+ * engine's producers and consumers of hidden states and logits run. With
+ * ALL_COMMANDS on either side an empty dispatch took 4.47 us on the H200's
+ * driver, 1.70 us with these, 1.69 us with one compute -> compute barrier
+ * (docs/PERFORMANCE.md, Vulkan: the per-dispatch floor). */
+#define VK_HOOK_STAGES (VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT)
+#define VK_HOOK_ACCESS                                                                                         \
+    (VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT | \
+     VK_ACCESS_TRANSFER_WRITE_BIT)
+
+/* What compute shaders and transfers wrote before (the engine's gather or
+ * lm_head, a copy) is visible to the kernel. */
+static void barrier_before(const vk_ctx *ctx, VkCommandBuffer cmd) {
+    tovl_vk_barrier(ctx, cmd, VK_HOOK_STAGES, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+}
+
+/* The kernel's writes are visible to the compute shaders and transfers the
+ * caller records next. */
+static void barrier_after(const vk_ctx *ctx, VkCommandBuffer cmd) {
+    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT, VK_HOOK_STAGES,
+                    VK_HOOK_ACCESS);
+}
+
+tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, const uint32_t grid[3],
+                                  const void *args, size_t args_size) {
+    if (kernel == 0 || kernel > VK_KERNEL_COUNT || !ctx->pipelines[kernels[kernel - 1].pipeline]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+    }
+    int k = (int)kernel - 1;
+    const size_t want = kernels[k].args_size;
+    if (!args || (want ? args_size != want : args_size > VK_PUSH_CONSTANT_BYTES)) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: kernel %s expects %zu bytes of arguments, got %zu",
+                          kernels[k].name, want ? want : (size_t)VK_PUSH_CONSTANT_BYTES, args_size);
+    }
+    uint32_t groups[3];
+    int pipeline;
+    tovl_status st = workgroups(ctx, k, grid, args, &pipeline, groups);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    barrier_before(ctx, cmd);
+    ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[pipeline]);
+    if (args_size) {
+        ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)args_size, args);
+    }
+    if (groups[0] && groups[1] && groups[2]) {
+        ctx->vk.vkCmdDispatch(cmd, groups[0], groups[1], groups[2]);
+    }
+    barrier_after(ctx, cmd);
+    return TOVL_OK;
+}
+
+tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, uint32_t count,
+                                 const void *args, size_t args_size) {
+    const int k = (int)kernel - 1;
+    if (k == VK_KERNEL_FLOOR_CONTRACT) {
+        tovl_status st = TOVL_OK;
+        for (uint32_t i = 0; i < count && st == TOVL_OK; i++) {
+            st = tovl_vk_record_launch(ctx, cmd, kernel, (const uint32_t[3]){1, 1, 1}, args, args_size);
         }
-    } else {
-        /* X and Y = the one logical index. */
-        rows = grid[0];
-        groups[0] = rows < ctx->max_groups[0] ? rows : ctx->max_groups[0];
-        groups[1] = groups[0] ? (uint32_t)(((uint64_t)rows + groups[0] - 1) / groups[0]) : 0;
-        groups[2] = 1;
-        if (groups[1] > ctx->max_groups[1]) {
-            return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid %u exceeds the device's workgroup counts",
-                              shaders[k].name, grid[0]);
+        return st;
+    }
+    if (args_size > VK_PUSH_CONSTANT_BYTES || !ctx->pipelines[VK_PIPELINE_FLOOR]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: floor probe %d: no pipeline or %zu bytes of arguments", k,
+                          args_size);
+    }
+    const bool every_time = k == VK_KERNEL_FLOOR_BIND || k == VK_KERNEL_FLOOR_ALL_COMMANDS;
+    for (uint32_t i = 0; i < count; i++) {
+        if (k == VK_KERNEL_FLOOR_ALL_COMMANDS) {
+            /* The hooks' two barriers with ALL_COMMANDS for "before" and "after". */
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+        }
+        if (i == 0 || every_time) {
+            ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[VK_PIPELINE_FLOOR]);
+            if (args_size) {
+                ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)args_size,
+                                           args);
+            }
+        }
+        ctx->vk.vkCmdDispatch(cmd, 1, 1, 1);
+        if (k == VK_KERNEL_FLOOR_ALL_COMMANDS) {
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                            VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
+        } else if (k != VK_KERNEL_FLOOR_UNSYNCED) {
+            /* The narrowest barrier between two hooks: shader writes -> shader reads. */
+            tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+                            VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT);
         }
     }
     return TOVL_OK;
 }
 
-tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel kernel, const uint32_t grid[3],
-                             const void *args, size_t args_size) {
-    if (kernel == 0 || kernel > VK_KERNEL_COUNT || !ctx->pipelines[kernel - 1]) {
-        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+const char *tovl_vk_lmhead_choice_text(const vk_ctx *ctx) {
+    switch (ctx->lmhead_choice) {
+    case VK_LMHEAD_ROW: return "row (TOVL_VULKAN_LMHEAD)";
+    case VK_LMHEAD_TILE: return "tile (TOVL_VULKAN_LMHEAD)";
+    default: return "row below T = " TOVL_STR(VK_LMHEAD_TILE_MIN_T) ", tile from it";
     }
-    int k = (int)kernel - 1;
-    if (!args || args_size != shaders[k].args_size) {
-        return tovl_error(TOVL_ERR_LAUNCH, "vulkan: kernel %s expects %zu bytes of arguments, got %zu",
-                          shaders[k].name, shaders[k].args_size, args_size);
-    }
-    uint32_t groups[3];
-    tovl_status st = workgroups(ctx, k, grid, groups);
-    if (st != TOVL_OK) {
-        return st;
-    }
-    /* Whatever wrote the inputs before (the engine's gather or lm_head, a
-     * copy) is visible to the kernel; the kernel's writes are visible to
-     * whatever the caller records next. */
-    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
-                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
-    ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[k]);
-    ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)args_size, args);
-    if (groups[0] && groups[1] && groups[2]) {
-        ctx->vk.vkCmdDispatch(cmd, groups[0], groups[1], groups[2]);
-    }
-    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
-                    VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
-    return TOVL_OK;
 }
 
 tovl_status tovl_vk_launch(void *vctx, tovl_kernel kernel, const uint32_t grid[3], const void *args, size_t args_size,
@@ -292,7 +427,7 @@ tovl_status tovl_vk_probe_denormals(vk_ctx *ctx, bool *preserved) {
     uint32_t result = 0;
     st = tovl_vk_upload(ctx, base, image, BYTES);
     if (st == TOVL_OK) {
-        st = tovl_vk_launch(ctx, VK_KERNEL_LMHEAD_F32 + 1, grid, &args, sizeof args, NULL);
+        st = tovl_vk_launch(ctx, VK_KERNEL_LMHEAD_F32 + 1, grid, &args, sizeof args, NULL); /* T = 1: the row variant */
     }
     if (st == TOVL_OK) {
         st = tovl_vk_download(ctx, &result, base + LOGITS, 4);

@@ -45,7 +45,9 @@ static tovl_status record(vk_ctx *ctx, VkCommandBuffer cmd, VkQueryPool pool, co
                     VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
     ctx->vk.vkCmdWriteTimestamp(cmd, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, pool, 0);
     tovl_status st = TOVL_OK;
-    if (w->kind == RECORD_KERNEL) {
+    if (w->kind == RECORD_KERNEL && w->kernel > VK_KERNEL_FIRST_FLOOR && w->kernel <= VK_KERNEL_COUNT) {
+        st = tovl_vk_record_floor(ctx, cmd, w->kernel, w->count, w->args, w->args_size);
+    } else if (w->kind == RECORD_KERNEL) {
         for (uint32_t i = 0; i < w->count && st == TOVL_OK; i++) {
             st = tovl_vk_record_launch(ctx, cmd, w->kernel, w->grid, w->args, w->args_size);
         }

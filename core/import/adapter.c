@@ -192,8 +192,9 @@ static tovl_status check_peft_against_config(tovl_adapter *a) {
     for (int m = 0; m < 2; m++) {
         int slot = a->tt[m];
         if (slot >= 0 && !a->sources[slot].pub.config_field) {
-            /* An lm_head delta with only embedding ids is a tied copy PEFT
-             * saves next to a resized embedding; anything else has no ids. */
+            /* An lm_head delta with only embedding ids is a tied copy: LoRA
+             * saves one next to a resized embedding, the TRAINABLE_TOKENS
+             * method one for every tied model. Anything else has no ids. */
             bool tied_copy = m == TOVL_MODULE_LMHEAD && a->tt[TOVL_MODULE_EMBED] >= 0;
             if (!tied_copy) {
                 return tovl_error(TOVL_ERR_FORMAT, "%s: tensor '%s': %s has no %s for %s",

@@ -13,10 +13,11 @@
  * headers. The stream argument of the hooks is a VkCommandBuffer in the
  * recording state (NULL: tovl records into its own command buffer, submits on
  * the wrapped queue and waits). Each hook records a global memory barrier
- * before its dispatch (earlier writes -> the kernel) and one after it (the
- * kernel's writes -> later commands), binds its own compute pipeline and sets
- * push constants: rebind your own compute pipeline and push constants after
- * a hook.
+ * before its dispatch (compute-shader and transfer writes before -> the
+ * kernel) and one after it (the kernel's writes -> later compute shaders and
+ * transfers), binds its own compute pipeline and sets push constants: rebind
+ * your own compute pipeline and push constants after a hook. A later read by
+ * another stage (host, graphics) needs your own barrier.
  *
  * Requirements on the wrapped device: Vulkan >= 1.2, created with the
  * features bufferDeviceAddress, storageBuffer16BitAccess, shaderInt16 and

@@ -12,7 +12,8 @@
 #      (default: cuda and hip where present) for N in TOVL_TP_RANKS (default
 #      "2 4 8"): the shards checked bit for bit against the unsharded set at
 #      T = 512 and 64, then each rank's lm_head hook timed on its own logits
-#      shard beside the unsharded one (graph-replay medians).
+#      shard beside the unsharded one (graph-replay medians; --hooks-only:
+#      no rowdiff, no copy bandwidth).
 # Logs go to $OUT/tp (default /tmp/tovl-gpu-out/tp); a summary prints last.
 # Knobs: TOVL_TP_BENCH_ARGS (extra `tovl bench` options, e.g. "--quick
 # --tokens 8 --batch 1 --repeats 2" for a dry run on lavapipe),
@@ -46,8 +47,8 @@ bench_backends=${TOVL_TP_BENCH_BACKENDS:-$(printf '%s\n' $present | grep -E '^(c
 for b in $bench_backends; do
   for n in ${TOVL_TP_RANKS:-2 4 8}; do
     # shellcheck disable=SC2086 # the extra options are words
-    step "bench-$b-tp$n" "$tovl" bench --backend "$b" --tp "$n" --seed "$fresh_seed" --json "$out/bench-$b-tp$n.json" \
-      ${TOVL_TP_BENCH_ARGS:-}
+    step "bench-$b-tp$n" "$tovl" bench --backend "$b" --tp "$n" --hooks-only --seed "$fresh_seed" \
+      --json "$out/bench-$b-tp$n.json" ${TOVL_TP_BENCH_ARGS:-}
   done
 done
 

@@ -1,4 +1,4 @@
-// lmhead_overlay_{bf16,f32} body (included by the two .comp files, which set
+// lmhead_overlay_{bf16,f32}, row variant (included by the two *_row.comp files, which set
 // TOVL_LOGITS_F32 or not): for row t of slot s and each k < n_override[s] with
 // id = ids[s][k] < vocab, logits[t * ld + id] = dot(hidden[t, :], rows[s][k, :]).
 //

@@ -1,0 +1,5 @@
+#version 460
+#extension GL_GOOGLE_include_directive : require
+// lmhead_overlay_f32, row variant (small batches): f32 logits.
+#define TOVL_LOGITS_F32
+#include "lmhead_overlay_row.glsl"
