@@ -69,15 +69,7 @@ static bk open_backend(size_t index) {
 #endif
     }
     snprintf(b.name, sizeof b.name, "%s", info[index].name);
-    if (!info[index].available) {
-        cr_skip_test("%s backend unavailable: %s", info[index].name, info[index].reason);
-    }
-    if (!tu_backend_allowed(b.name)) {
-        cr_skip_test("%s backend left out by TOVL_TEST_BACKENDS=%s", b.name, getenv("TOVL_TEST_BACKENDS"));
-    }
-    b.be = tu_wrap_open(b.name, &b.w);
-    cr_assert_not_null(b.be, "%s listed as available but does not open: %s", b.name, tovl_last_error());
-    fprintf(stderr, "tp: on %s (%s)\n", b.name, tovl_backend_device(b.be));
+    b.be = tu_open_listed(&info[index], "tp", &b.w);
     return b;
 }
 
