@@ -21,6 +21,7 @@ test: build
 	ctest --preset default -j $(JOBS)
 	JOBS=$(JOBS) scripts/sanitize.sh
 	JOBS=$(JOBS) scripts/check-install.sh
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) scripts/setup-python.sh
 
 setup:
 	scripts/setup-debian.sh

@@ -80,11 +80,11 @@ def time_op(fn, batch, repeats, capturable=True):
     return per_call, mode, single
 
 
-def random_bf16(shape, gen):
+def random_bf16(shape, gen, device="cuda"):
     # magnitudes about 2^-8 .. 2^8, random sign; never exactly zero
-    x = torch.empty(shape, device="cuda", dtype=torch.float32)
+    x = torch.empty(shape, device=device, dtype=torch.float32)
     x.uniform_(-8.0, 8.0, generator=gen)
-    x = torch.exp2(x) * torch.where(torch.rand(shape, device="cuda", generator=gen) < 0.5, -1.0, 1.0)
+    x = torch.exp2(x) * torch.where(torch.rand(shape, device=device, generator=gen) < 0.5, -1.0, 1.0)
     return x.to(torch.bfloat16)
 
 
@@ -102,28 +102,28 @@ class Overlays:
     engine keeps): embed slot maps [slots, vocab] (-1 = none), embed rows,
     lm_head ids and rows."""
 
-    def __init__(self, slots, rows, vocab, h, gen):
+    def __init__(self, slots, rows, vocab, h, gen, device="cuda"):
         self.slots, self.rows = slots, rows
-        self.embed_ids = torch.stack([torch.randperm(vocab, device="cuda", generator=gen)[:rows] for _ in range(slots)])
-        self.slot_map = torch.full((slots, vocab), -1, device="cuda", dtype=torch.int64)
-        self.slot_map.scatter_(1, self.embed_ids, torch.arange(rows, device="cuda").expand(slots, rows).contiguous())
-        self.embed_rows = random_bf16((slots, rows, h), gen)
-        self.lm_ids = torch.stack([torch.randperm(vocab, device="cuda", generator=gen)[:rows] for _ in range(slots)])
-        self.lm_rows = random_bf16((slots, rows, h), gen)
+        self.embed_ids = torch.stack([torch.randperm(vocab, device=device, generator=gen)[:rows] for _ in range(slots)])
+        self.slot_map = torch.full((slots, vocab), -1, device=device, dtype=torch.int64)
+        self.slot_map.scatter_(1, self.embed_ids, torch.arange(rows, device=device).expand(slots, rows).contiguous())
+        self.embed_rows = random_bf16((slots, rows, h), gen, device)
+        self.lm_ids = torch.stack([torch.randperm(vocab, device=device, generator=gen)[:rows] for _ in range(slots)])
+        self.lm_rows = random_bf16((slots, rows, h), gen, device)
 
 
 class Batch:
-    def __init__(self, ov, T, vocab, h, gen):
-        s = torch.randint(0, ov.slots, (T,), device="cuda", generator=gen)
-        none = torch.randint(0, 16, (T,), device="cuda", generator=gen) == 0
+    def __init__(self, ov, T, vocab, h, gen, device="cuda"):
+        s = torch.randint(0, ov.slots, (T,), device=device, generator=gen)
+        none = torch.randint(0, 16, (T,), device=device, generator=gen) == 0
         self.slots = torch.where(none, -1, s)
-        hit = (torch.rand(T, device="cuda", generator=gen) < 0.5) & ~none
-        pick = ov.embed_ids[s, torch.randint(0, ov.rows, (T,), device="cuda", generator=gen)]
-        self.ids = torch.where(hit, pick, torch.randint(0, vocab, (T,), device="cuda", generator=gen))
-        self.hidden = random_bf16((T, h), gen)
-        self.final_hidden = random_bf16((T, h), gen)
-        self.logits_bf16 = torch.full((T, vocab), 1.0, device="cuda", dtype=torch.bfloat16)
-        self.logits_f32 = torch.full((T, vocab), 1.0, device="cuda", dtype=torch.float32)
+        hit = (torch.rand(T, device=device, generator=gen) < 0.5) & ~none
+        pick = ov.embed_ids[s, torch.randint(0, ov.rows, (T,), device=device, generator=gen)]
+        self.ids = torch.where(hit, pick, torch.randint(0, vocab, (T,), device=device, generator=gen))
+        self.hidden = random_bf16((T, h), gen, device)
+        self.final_hidden = random_bf16((T, h), gen, device)
+        self.logits_bf16 = torch.full((T, vocab), 1.0, device=device, dtype=torch.bfloat16)
+        self.logits_f32 = torch.full((T, vocab), 1.0, device=device, dtype=torch.float32)
 
 
 def embed_replace(ov, b):

@@ -1,21 +1,50 @@
 /* The whole conformance suite on one backend (TOVL_CONFORM_BACKEND, set by
- * CMake) against the CPU reference. Skips, with the backend's own reason,
+ * CMake) against the CPU reference (its scalar loop on one thread). Skips, with the backend's own reason,
  * when the backend is not available on this machine. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "conform.h"
 #include "testutil.h"
+
+/* The reference: the CPU backend at the spec's literal loop on one thread
+ * (TOVL_CPU_SIMD=scalar, TOVL_CPU_THREADS=1), so the CPU backend's own fast
+ * paths are checked against it too. The caller's values come back after. */
+static tovl_backend *open_reference(void) {
+    const char *names[2] = {"TOVL_CPU_SIMD", "TOVL_CPU_THREADS"}, *values[2] = {"scalar", "1"};
+    char *saved[2];
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(names[i]);
+        saved[i] = v ? strdup(v) : NULL;
+        setenv(names[i], values[i], 1);
+    }
+    tovl_backend *ref = NULL;
+    const tovl_status st = tovl_backend_open("cpu", &ref);
+    for (int i = 0; i < 2; i++) {
+        if (saved[i]) {
+            setenv(names[i], saved[i], 1);
+        } else {
+            unsetenv(names[i]);
+        }
+        free(saved[i]);
+    }
+    cr_assert_eq(st, TOVL_OK, "%s", tovl_last_error());
+    cr_assert_str_eq(tovl_backend_device(ref), "host CPU (scalar, 1 thread)");
+    return ref;
+}
 
 Test(conform, bit_exact_against_the_cpu_reference, .timeout = 900) {
     tovl_backend *dut = NULL, *ref = NULL;
     if (tovl_backend_open(TOVL_CONFORM_BACKEND, &dut) != TOVL_OK) {
         cr_skip_test("%s backend unavailable: %s", TOVL_CONFORM_BACKEND, tovl_last_error());
     }
-    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
+    ref = open_reference();
     uint64_t seed = tu_seed();
-    fprintf(stderr, "conform %s on %s, seed %" PRIu64 "\n", TOVL_CONFORM_BACKEND, tovl_backend_device(dut), seed);
+    fprintf(stderr, "conform %s on %s against %s, seed %" PRIu64 "\n", TOVL_CONFORM_BACKEND,
+            tovl_backend_device(dut), tovl_backend_device(ref), seed);
     tovl_conform_report rep = {0};
     size_t failed = tovl_conform_backend(ref, dut, seed, stderr, &rep);
     cr_expect_eq(failed, 0, "%zu conformance cases failed on %s (seed %" PRIu64 ")", failed, TOVL_CONFORM_BACKEND,

@@ -128,14 +128,16 @@ Test(cuda_geometry, rowdiff_and_embed) {
 
 /* The tiles: a block per (8 rows of a slot, BN overlay rows), x = ceil(T / 8)
  * + min(max_loras, T), BN = 8 for both tile variants (they differ in occupancy
- * and ring depth). The row variant: a block per (row, 4 overlay rows). */
+ * and ring depth). The row variants: a block per (row, 4, 2 or 1 overlay
+ * rows; row4 four warps for one). */
 static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x,
                            uint32_t y, uint32_t z) {
     cr_expect(l->variant == variant, "%s: variant %s, expected %s", what, tovl_cuda_variant_names[l->variant],
               tovl_cuda_variant_names[variant]);
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "%s: grid %u x %u x %u, expected %u x %u x %u",
               what, l->grid[0], l->grid[1], l->grid[2], x, y, z);
-    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
+    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
+                     variant == TOVL_CUDA_VARIANT_ROW4;
     cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256, "%s: block size", what);
 }
 #define expect_grid(l, variant, x, y, z) expect_grid_of(#variant, l, variant, x, y, z)
@@ -160,16 +162,16 @@ static const struct {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
     {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    /* The row variants while all their blocks are resident: row2 (2 overlay
-     * rows a block) 4 to an SM (528), up to 16 x 32; row (4) 6 to an SM
+    /* The row variants while all their blocks are resident: row4 (1 overlay
+     * row a block) 8 to an SM (1056), up to 16 x 64; row (4) 6 to an SM
      * (792), up to 49 x 16. */
-    {1, 64, TOVL_CUDA_VARIANT_ROW2, {1, 32, 1}, "a decode step"},
-    {16, 64, TOVL_CUDA_VARIANT_ROW2, {16, 32, 1}, "row2's last size"},
+    {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
+    {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4's last size"},
     {17, 64, TOVL_CUDA_VARIANT_ROW, {17, 16, 1}, "row's first size"},
     {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row at 4 blocks per SM would end here"},
     {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
     {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
-    {3, 3, TOVL_CUDA_VARIANT_ROW2, {3, 2, 1}, "3 overlay rows: 2 columns of row2"},
+    {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 3, 1}, "3 overlay rows: 3 columns of row4"},
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
 };
 
@@ -198,6 +200,8 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW, 64, 16, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW2, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 64, 32, 1);
+    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, &a, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4, 64, 64, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 16, 8, 1);
 }
@@ -260,7 +264,7 @@ static const cuda_scenario gpu_scenarios[] = {
     {"decode_t1", 1, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t32", 32, 4096, 32000, 8, 8, 0, 1, 64, false, false},
-    {"row2_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"row4_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"row_slots_past_32", 60, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
@@ -384,7 +388,7 @@ static void expect_hooks_wait(tovl_backend *be, tovl_backend *cpu, CUfunction sl
     cuda_case_free(&ref);
 }
 
-/* Each lm_head variant on an H200-sized GPU: row2 (T = 8), row (T = 32), the
+/* Each lm_head variant on an H200-sized GPU: row4 (T = 8), row (T = 32), the
  * small tiles (T = 64) and the large tiles (T = 512). */
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_backend *be = open_cuda_or_skip(), *cpu = NULL;

@@ -72,6 +72,10 @@ Test(cuda_emu, conformance_row2, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW2, "cuda_emu_row2");
 }
 
+Test(cuda_emu, conformance_row4, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW4, "cuda_emu_row4");
+}
+
 /* The backend's own choice on an H200's 132 SMs (the suite's small batches
  * take the row variants) and on 1, 5 and 7 SMs (most take the tiles). */
 Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
@@ -101,8 +105,8 @@ Test(cuda_emu, bench_shape_t64, .timeout = 900) {
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* Decode steps of the benchmark's shape: T = 8 takes row2 (8 x 32 blocks of
- * two warps per overlay row), T = 32 row (32 x 16 blocks of a warp per row). */
+/* Decode steps of the benchmark's shape: T = 8 takes row4 (8 x 64 blocks of
+ * four warps per overlay row), T = 32 row (32 x 16 blocks of a warp per row). */
 Test(cuda_emu, bench_shape_t8_t32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
@@ -112,12 +116,22 @@ Test(cuda_emu, bench_shape_t8_t32, .timeout = 900) {
 
 /* The row variants with slots past the first 32 (whose table cells they load
  * after the row's slot rather than picking them from the early loads), odd
- * h: T = 24 takes row2 (24 x 10 blocks), T = 60 row (60 x 5). */
+ * h: T = 24 takes row4 (24 x 19 blocks), T = 60 row (60 x 5). */
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"row2_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
+                      &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row_many_slots", 60, 130, 2000, 700, 3, 3, 256, 19, false, false});
+}
+
+/* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two
+ * whole chunks and 8 elements, h = 5001 the same without 16-byte copies
+ * (T = 6 x 19 rows: row4). */
+Test(cuda_emu, row4_rows_past_one_chunk, .timeout = 900) {
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"row4_h8200", 6, 8200, 3000, 8, 3, 0, 2, 19, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"row4_h5001", 6, 5001, 3000, 8, 3, 0, 2, 19, false, false});
 }
 
 /* A long batch: 2600 rows, about 65 row groups per slot, so collecting a

@@ -6,7 +6,7 @@
 #                      (fixtures tied and untied, padded and not, bf16 and f32
 #                      logits, N = 2 .. 8 and 16), and `tovl inspect --tp N`
 #                      lists shards whose cells add up to the lm_head's;
-#   test_tp_bench_vulkan `tovl bench --tp 3` checks its shards on lavapipe.
+#   test_tp_bench_BACKEND `tovl bench --tp 3` checks its shards (cpu, lavapipe).
 # The last two run this file as a script: cmake -DTOVL=... -DFIXTURES=...
 # -DWORK=... -DBACKEND=... [-DMODE=bench] [-DPRELOAD=...] -P tp.cmake
 
@@ -121,12 +121,12 @@ if(TARGET tovl_cli)
               -DWORK=${CMAKE_CURRENT_BINARY_DIR}/tp_cli_${b} -DBACKEND=${b} ${tp_preload} -P ${CMAKE_CURRENT_LIST_FILE})
     set_tests_properties(test_tp_cli_${b} PROPERTIES TIMEOUT 600)
   endforeach()
-  # `tovl bench --tp` (scripts/gpu/tp.sh's timing run) on lavapipe at one
-  # small batch: its bit-for-bit check of the shards must pass.
-  if(TOVL_HAVE_VULKAN)
-    add_test(NAME test_tp_bench_vulkan
-      COMMAND ${CMAKE_COMMAND} -DTOVL=$<TARGET_FILE:tovl_cli> -DMODE=bench -DBACKEND=vulkan ${tp_preload}
+  # `tovl bench --tp` (scripts/gpu/tp.sh's timing run) at one small batch:
+  # its bit-for-bit check of the shards must pass.
+  foreach(b ${tp_cli_backends})
+    add_test(NAME test_tp_bench_${b}
+      COMMAND ${CMAKE_COMMAND} -DTOVL=$<TARGET_FILE:tovl_cli> -DMODE=bench -DBACKEND=${b} ${tp_preload}
               -P ${CMAKE_CURRENT_LIST_FILE})
-    set_tests_properties(test_tp_bench_vulkan PROPERTIES TIMEOUT 600)
-  endif()
+    set_tests_properties(test_tp_bench_${b} PROPERTIES TIMEOUT 600)
+  endforeach()
 endif()

@@ -1,6 +1,7 @@
 /*
  * tovl bench: the four kernels timed on a backend with its own device clock
- * (the optional time_kernel / copy_bandwidth members of the backend vtable),
+ * (the optional time_kernel / copy_bandwidth members of the backend vtable;
+ * the CPU backend's are the wall clock and a threaded memcpy),
  * on fresh random data (never zeros), after warm-up, as medians:
  *
  *   graph   the median per-launch time of `batch` back-to-back launches
@@ -42,6 +43,9 @@
 #include "conform.h"
 #include "tovl/backend.h"
 
+/* Tensors one --dump file may hold: the set's 2, then 4 per batch size. */
+#define BENCH_DUMP_MAX 40
+
 /* Batch sizes one run may time (--tokens). */
 #define BENCH_MAX_SIZES 8
 /* The most ranks --tp takes. */
@@ -55,7 +59,7 @@ static const char *const floor_probes[] = {"dispatch_floor_bare", "dispatch_floo
 #define BENCH_FLOOR_ROWS (1 + sizeof floor_probes / sizeof floor_probes[0]) /* the idle embed, the probes */
 
 typedef struct bench_options {
-    const char *backend, *json;
+    const char *backend, *json, *dump;
     uint64_t seed;
     uint32_t batch, repeats;
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
@@ -87,22 +91,33 @@ typedef struct bench_run {
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
     uint32_t tp_checked; /* --tp: batch sizes x dtypes whose shards matched the unsharded set */
+    struct bench_tensor {
+        char name[32];
+        const char *dtype; /* safetensors: "BF16", "F32", "I32" */
+        uint32_t ndim, shape[3];
+        void *data; /* owned */
+        size_t bytes;
+    } dump[BENCH_DUMP_MAX]; /* --dump: the lm_head workload, written at the end */
+    size_t n_dump;
 } bench_run;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--tp N] [--quick] [--hooks-only]\n\n"
+            "                  [--tokens T[,T...]] [--tp N] [--dump FILE] [--quick] [--hooks-only]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
-            "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
+            "h = 4096, 8 slots x 64 rows) on a backend (default: auto) with its own clock (the\n"
+            "device's clock; the wall clock on cpu, whose samples hold at most 0.25 s of launches):\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
             "each 1 .. %u). --tp N (2 .. %d): also N vocab shard sets (vLLM's split, pad 64), their\n"
             "lm_head outputs concatenated checked bit for bit against the unsharded set, then each\n"
-            "rank's lm_head timed on its logits shard. --quick: small sizes, for a smoke run.\n"
-            "--hooks-only: the floor and the hooks only (no copy bandwidth, no rowdiff).\n"
-            "Backends without a clock on the device (cpu) are refused.\n",
+            "rank's lm_head timed on its logits shard. --dump FILE: the lm_head workload as\n"
+            "safetensors (the overlay rows and ids of each slot; per batch size the hidden rows, row\n"
+            "slots and the cells tovl computed) for a peer to run the same work. --quick: small\n"
+            "sizes, for a smoke run. --hooks-only: the floor and the hooks only (no copy bandwidth,\n"
+            "no rowdiff).\n",
             BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
 }
 
@@ -149,14 +164,19 @@ static tovl_status upload_new(tovl_backend *be, const void *src, size_t bytes, t
     return st == TOVL_OK ? tovl_upload(be, *dst, src, bytes) : st;
 }
 
-static tovl_status upload_random_bf16(bench_run *run, size_t count, tovl_devptr *dst) {
+/* Fresh random bf16 on the device; *kept (if given) takes the host copy. */
+static tovl_status upload_random_bf16(bench_run *run, size_t count, tovl_devptr *dst, uint16_t **kept) {
     uint16_t *host = malloc(count * sizeof *host);
     if (!host) {
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory (%zu bf16)", count);
     }
     fill_bf16(&run->rng, host, count);
     tovl_status st = upload_new(run->be, host, count * sizeof *host, dst);
-    free(host);
+    if (kept && st == TOVL_OK) {
+        *kept = host;
+    } else {
+        free(host);
+    }
     return st;
 }
 
@@ -367,6 +387,177 @@ static tovl_status bench_shards_at(bench_run *run, const tovl_token_overlay_set 
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* --dump: the lm_head workload as safetensors                              */
+/* ------------------------------------------------------------------------ */
+/* Takes `data` (malloc'ed, `bytes` long) into the dump as tensor `name`; frees
+ * it when the dump is full or not asked for. */
+static tovl_status dump_add(bench_run *run, const char *name, const char *dtype, uint32_t ndim,
+                            const uint32_t shape[3], void *data, size_t bytes) {
+    if (!run->opt->dump) {
+        free(data);
+        return TOVL_OK;
+    }
+    if (!data || run->n_dump == BENCH_DUMP_MAX) {
+        free(data);
+        return tovl_error(data ? TOVL_ERR_INTERNAL : TOVL_ERR_OUT_OF_MEMORY, "bench: --dump: cannot hold tensor %s",
+                          name);
+    }
+    struct bench_tensor *t = &run->dump[run->n_dump++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, ndim * sizeof *shape);
+    t->data = data;
+    t->bytes = bytes;
+    return TOVL_OK;
+}
+
+static void *copy_of(const void *src, size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (p) {
+        memcpy(p, src, bytes);
+    }
+    return p;
+}
+
+/* The set's lm_head rows and ids as the kernels read them (from the device
+ * tables): "rows" [slots, max_n, h] bf16 (zeros past a slot's n), "ids"
+ * [slots, max_n] i32 (-1 past n). */
+static tovl_status dump_set(bench_run *run, const tovl_token_overlay_set *set) {
+    const bench_options *o = run->opt;
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+    const uint32_t max_n = tovl_token_overlay_set_max_n_override(set);
+    const size_t row_bytes = (size_t)o->h * 2;
+    uint64_t *rows_at = malloc(o->slots * sizeof *rows_at), *ids_at = malloc(o->slots * sizeof *ids_at);
+    uint32_t *n = malloc(o->slots * sizeof *n);
+    uint16_t *rows = calloc((size_t)o->slots * max_n, row_bytes);
+    int32_t *ids = malloc((size_t)o->slots * max_n * sizeof *ids);
+    tovl_status st = rows_at && ids_at && n && rows && ids ? TOVL_OK
+                                                           : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: --dump: host memory");
+    if (st == TOVL_OK) st = tovl_download(run->be, rows_at, tab.lmhead_rows_table, o->slots * sizeof *rows_at);
+    if (st == TOVL_OK) st = tovl_download(run->be, ids_at, tab.lmhead_ids_table, o->slots * sizeof *ids_at);
+    if (st == TOVL_OK) st = tovl_download(run->be, n, tab.n_override_table, o->slots * sizeof *n);
+    for (uint32_t s = 0; s < o->slots && st == TOVL_OK; s++) {
+        const uint32_t ns = n[s] < max_n ? n[s] : max_n;
+        for (uint32_t k = 0; k < max_n; k++) {
+            ids[(size_t)s * max_n + k] = -1;
+        }
+        if (ns) {
+            st = tovl_download(run->be, rows + (size_t)s * max_n * o->h, rows_at[s], ns * row_bytes);
+            if (st == TOVL_OK) st = tovl_download(run->be, ids + (size_t)s * max_n, ids_at[s], ns * sizeof *ids);
+        }
+    }
+    free(rows_at);
+    free(ids_at);
+    free(n);
+    if (st != TOVL_OK) {
+        free(rows);
+        free(ids);
+        return st;
+    }
+    st = dump_add(run, "rows", "BF16", 3, (uint32_t[3]){o->slots, max_n, o->h}, rows, (size_t)o->slots * max_n * row_bytes);
+    return st == TOVL_OK ? dump_add(run, "ids", "I32", 2, (uint32_t[3]){o->slots, max_n}, ids,
+                                    (size_t)o->slots * max_n * sizeof *ids)
+                         : (free(ids), st);
+}
+
+/* The cells an lm_head launch wrote into `logits` (T x ld cells of 2 or 4
+ * bytes): "T<T>.cells_<dtype>" [T, max_n], NaN where row t has no slot or
+ * slot s no k-th row. */
+static tovl_status dump_cells(bench_run *run, tovl_devptr logits, uint32_t T, const int32_t *slots,
+                              const tovl_token_overlay_set *set, bool f32) {
+    if (!run->opt->dump) {
+        return TOVL_OK;
+    }
+    const bench_options *o = run->opt;
+    const uint32_t max_n = tovl_token_overlay_set_max_n_override(set);
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+    const size_t esz = f32 ? 4 : 2, bytes = (size_t)T * o->vocab * esz;
+    uint8_t *all = malloc(bytes), *cells = malloc((size_t)T * max_n * esz);
+    uint64_t *ids_at = malloc(o->slots * sizeof *ids_at);
+    uint32_t *n = malloc(o->slots * sizeof *n), *ids = malloc((size_t)o->slots * max_n * sizeof *ids);
+    tovl_status st = all && cells && ids_at && n && ids ? TOVL_OK
+                                                        : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: --dump: host memory");
+    if (st == TOVL_OK) st = tovl_download(run->be, all, logits, bytes);
+    if (st == TOVL_OK) st = tovl_download(run->be, ids_at, tab.lmhead_ids_table, o->slots * sizeof *ids_at);
+    if (st == TOVL_OK) st = tovl_download(run->be, n, tab.n_override_table, o->slots * sizeof *n);
+    for (uint32_t s = 0; s < o->slots && st == TOVL_OK; s++) {
+        if (n[s] > max_n) n[s] = max_n;
+        if (n[s]) st = tovl_download(run->be, ids + (size_t)s * max_n, ids_at[s], n[s] * sizeof *ids);
+    }
+    for (uint32_t t = 0; t < T && st == TOVL_OK; t++) {
+        for (uint32_t k = 0; k < max_n; k++) {
+            uint8_t *cell = cells + ((size_t)t * max_n + k) * esz;
+            const int32_t s = slots[t];
+            if (s >= 0 && k < n[s] && ids[(size_t)s * max_n + k] < o->vocab) {
+                memcpy(cell, all + ((size_t)t * o->vocab + ids[(size_t)s * max_n + k]) * esz, esz);
+            } else {
+                memcpy(cell, f32 ? (const void *)&(uint32_t){0x7FC00000u} : (const void *)&(uint16_t){0x7FC0u}, esz);
+            }
+        }
+    }
+    free(all);
+    free(ids_at);
+    free(n);
+    free(ids);
+    if (st != TOVL_OK) {
+        free(cells);
+        return st;
+    }
+    char name[32];
+    snprintf(name, sizeof name, "T%u.cells_%s", T, f32 ? "f32" : "bf16");
+    return dump_add(run, name, f32 ? "F32" : "BF16", 2, (uint32_t[3]){T, max_n}, cells, (size_t)T * max_n * esz);
+}
+
+/* Writes the dump: an 8-byte little-endian header length, the JSON header,
+ * the tensors' bytes in order. */
+static int write_dump(bench_run *run, const char *path) {
+    cJSON *header = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(header, "__metadata__");
+    char text[32];
+    snprintf(text, sizeof text, "%" PRIu64, run->opt->seed);
+    cJSON_AddStringToObject(meta, "seed", text);
+    snprintf(text, sizeof text, "%u", run->opt->vocab);
+    cJSON_AddStringToObject(meta, "vocab", text);
+    size_t at = 0;
+    for (size_t i = 0; i < run->n_dump; i++) {
+        const struct bench_tensor *t = &run->dump[i];
+        cJSON *x = cJSON_AddObjectToObject(header, t->name);
+        cJSON_AddStringToObject(x, "dtype", t->dtype);
+        cJSON *shape = cJSON_AddArrayToObject(x, "shape");
+        for (uint32_t d = 0; d < t->ndim; d++) {
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber(t->shape[d]));
+        }
+        cJSON *offsets = cJSON_AddArrayToObject(x, "data_offsets");
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)at));
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)(at + t->bytes)));
+        at += t->bytes;
+    }
+    char *json = cJSON_PrintUnformatted(header);
+    cJSON_Delete(header);
+    FILE *f = json ? fopen(path, "wb") : NULL;
+    bool ok = f != NULL;
+    if (ok) {
+        const uint64_t len = strlen(json);
+        uint8_t le[8];
+        for (int b = 0; b < 8; b++) {
+            le[b] = (uint8_t)(len >> (8 * b));
+        }
+        ok = fwrite(le, 1, 8, f) == 8 && fwrite(json, 1, len, f) == len;
+        for (size_t i = 0; ok && i < run->n_dump; i++) {
+            ok = fwrite(run->dump[i].data, 1, run->dump[i].bytes, f) == run->dump[i].bytes;
+        }
+    }
+    ok = f && fclose(f) == 0 && ok;
+    free(json);
+    if (!ok) {
+        fprintf(stderr, "tovl bench: cannot write --dump file '%s'\n", path);
+        return 2;
+    }
+    return 0;
+}
+
 /* Both hooks' kernels over one batch of T rows. */
 static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, tovl_token_overlay_set *const *shards,
                                   const uint32_t *embed_ids, uint32_t T) {
@@ -388,8 +579,9 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, t
     }
     if (st == TOVL_OK) st = upload_new(run->be, ids, T * sizeof *ids, &d_ids);
     if (st == TOVL_OK) st = upload_new(run->be, slots, T * sizeof *slots, &d_slots);
-    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &hidden);
-    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &final_hidden);
+    uint16_t *final_host = NULL;
+    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &hidden, NULL);
+    if (st == TOVL_OK) st = upload_random_bf16(run, T * h, &final_hidden, run->opt->dump ? &final_host : NULL);
     if (st == TOVL_OK) st = tovl_alloc(run->be, T * ld * 4, &logits); /* f32 and bf16 logits share it */
     if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, 0x3F80BF80u, T * ld * 4); /* never zeros */
     const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
@@ -409,10 +601,21 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, t
         st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
                       f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label, (uint32_t[3]){T, max_n, 1},
                       &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)h, T, -1);
+        if (st == TOVL_OK) st = dump_cells(run, logits, T, slots, set, f32);
     }
     if (st == TOVL_OK && o->tp > 1) {
         st = bench_shards_at(run, set, shards, T, live, final_hidden, d_slots);
     }
+    if (st == TOVL_OK && run->opt->dump) {
+        char name[32];
+        snprintf(name, sizeof name, "T%u.hidden", T);
+        st = dump_add(run, name, "BF16", 2, (uint32_t[3]){T, o->h}, final_host, T * h * sizeof *final_host);
+        final_host = NULL;
+        snprintf(name, sizeof name, "T%u.row_slots", T);
+        if (st == TOVL_OK) st = dump_add(run, name, "I32", 1, (uint32_t[3]){T}, copy_of(slots, T * sizeof *slots),
+                                         T * sizeof *slots);
+    }
+    free(final_host);
     tovl_free(run->be, d_ids);
     tovl_free(run->be, d_slots);
     tovl_free(run->be, hidden);
@@ -431,7 +634,7 @@ static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
     tovl_devptr d_slot = 0, d_id = 0, hidden = 0;
     tovl_status st = upload_new(run->be, &no_slot, sizeof no_slot, &d_slot);
     if (st == TOVL_OK) st = upload_new(run->be, &id, sizeof id, &d_id);
-    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden);
+    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden, NULL);
     const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
     if (st == TOVL_OK) {
         tovl_embed_overlay_args e = {hidden, d_id, d_slot, tab.embed_slot_map_table, tab.embed_rows_table,
@@ -468,6 +671,7 @@ static tovl_status bench_hooks(bench_run *run) {
         }
     }
     if (st == TOVL_OK) st = bench_floor(run, set);
+    if (st == TOVL_OK) st = dump_set(run, set);
     for (uint32_t i = 0; i < o->n_tokens && st == TOVL_OK; i++) {
         st = bench_hooks_at(run, set, shards, embed_ids, o->tokens[i]);
     }
@@ -640,6 +844,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                                          {"tokens", required_argument, NULL, 't'},
                                          {"backend", required_argument, NULL, 'k'},
                                          {"json", required_argument, NULL, 'j'},
+                                         {"dump", required_argument, NULL, 'd'},
                                          {"seed", required_argument, NULL, 's'},
                                          {"batch", required_argument, NULL, 'b'},
                                          {"repeats", required_argument, NULL, 'r'},
@@ -668,6 +873,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->backend = value;
         } else if (c == 'j') {
             o->json = value;
+        } else if (c == 'd') {
+            o->dump = value;
         } else if (c == 's') {
             char *end;
             o->seed = strtoull(value, &end, 0);
@@ -716,8 +923,8 @@ int tovl_cmd_bench(int argc, char **argv) {
     run.ctx = tovl_backend_get_context(run.be);
     if (!run.iface->time_kernel) {
         fprintf(stderr,
-                "tovl bench: backend '%s' has no clock on the device (time_kernel): benchmarks need a GPU backend "
-                "(cuda, hip or vulkan)\n",
+                "tovl bench: backend '%s' has no timer (time_kernel): benchmarks need cpu, cuda, hip or "
+                "vulkan\n",
                 tovl_backend_name(run.be));
         tovl_backend_close(run.be);
         return 2;
@@ -742,6 +949,12 @@ int tovl_cmd_bench(int argc, char **argv) {
     }
     if (o.json && write_json(&run, o.json) != 0) {
         rc = 2;
+    }
+    if (o.dump && st == TOVL_OK && write_dump(&run, o.dump) != 0) {
+        rc = 2;
+    }
+    for (size_t i = 0; i < run.n_dump; i++) {
+        free(run.dump[i].data);
     }
     tovl_backend_close(run.be);
     return rc;

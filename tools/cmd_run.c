@@ -16,9 +16,11 @@
  * Output (safetensors): embed bf16 [T, hidden]; logits [T, vocab] (f32 or
  * bf16) when hidden was given. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "tovl/backend.h" /* tovl_error: host-side failures report like library ones */
@@ -220,6 +222,25 @@ static bool load_batch(const char *path, const tovl_model_info *mi, uint32_t n_a
     return true;
 }
 
+/* Progress on stderr, once the run has taken more than a second. */
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+static void progress(const struct timespec *t0, bool always, const char *fmt, ...) {
+    const double s = seconds_since(t0);
+    if (always || s > 1.0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "tovl run: %.1f s: ", s);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
+}
+
 /* Device buffers of one run; all freed by run_free. */
 typedef struct run_state {
     tovl_backend *be;
@@ -232,6 +253,7 @@ typedef struct run_state {
     uint16_t *embed;
     void *logits;
     float *base_logits;
+    struct timespec start;
 } run_state;
 
 static void run_free(run_state *r, uint32_t n) {
@@ -372,7 +394,19 @@ static tovl_status run_logits(run_state *r, const batch *b, tovl_logits_dtype dt
     if (!r->base_logits || !r->logits) {
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "out of host memory for [%u, %u] logits", b->T, mi->vocab);
     }
-    tovl_status st = tovl_model_lmhead_product(r->model, b->hidden_rows, b->T, r->base_logits);
+    /* In groups of 32 rows (the product reads each lm_head row once per
+     * group), so a long product shows its progress. */
+    const uint32_t group = 32;
+    const double macs = (double)b->T * mi->vocab * mi->hidden;
+    progress(&r->start, macs >= 0x1p33, "base lm_head product: [%u, %u] logits, hidden %u, on the host ...", b->T,
+             mi->vocab, mi->hidden);
+    tovl_status st = TOVL_OK;
+    for (uint32_t t = 0; t < b->T && st == TOVL_OK; t += group) {
+        const uint32_t n = b->T - t < group ? b->T - t : group;
+        st = tovl_model_lmhead_product(r->model, b->hidden_rows + (size_t)t * mi->hidden, n,
+                                       r->base_logits + (size_t)t * mi->vocab);
+        progress(&r->start, false, "base lm_head product: %u of %u rows", t + n, b->T);
+    }
     if (st != TOVL_OK) {
         return st;
     }
@@ -419,6 +453,7 @@ int tovl_cmd_run(int argc, char **argv) {
     }
     run_state r;
     memset(&r, 0, sizeof r);
+    clock_gettime(CLOCK_MONOTONIC, &r.start);
     batch b;
     memset(&b, 0, sizeof b);
     int rc = 2;
@@ -447,6 +482,9 @@ int tovl_cmd_run(int argc, char **argv) {
     if (st == TOVL_OK && o.n_adapters > 0) {
         st = tovl_token_overlay_set_from_slots(r.be, r.overlays, o.n_adapters, tovl_model_get_info(r.model)->tied,
                                                &r.set);
+    }
+    if (st == TOVL_OK) {
+        progress(&r.start, false, "model and %u adapter%s open", o.n_adapters, o.n_adapters == 1 ? "" : "s");
     }
     if (st != TOVL_OK) {
         fprintf(stderr, "tovl run: %s\n", tovl_last_error());

@@ -1,12 +1,26 @@
-/* The CPU reference backend: host memory as "device" memory (a device pointer
- * is a host address), the reference kernels run synchronously at launch. It is
- * the oracle for every GPU port and the default where no GPU exists. */
+/* The CPU backend: host memory as "device" memory (a device pointer is a host
+ * address), kernels run synchronously at launch, on the caller and a thread
+ * pool made at open, at the widest vector width the CPU has. It computes the
+ * reference kernels' bits (cpu_kernels.h; the tests check it) and is the
+ * oracle for every GPU port and the default where no GPU exists.
+ *
+ * TOVL_CPU_THREADS limits the threads (default: the online cores);
+ * TOVL_CPU_SIMD=scalar|sse2|avx2|avx512 forces a vector width. */
 #include <float.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu_kernels.h"
+#include "cpu_simd.h"
 #include "tovl/backend.h"
+
+typedef struct cpu_ctx {
+    tovl_cpu_exec ex;
+    char device[96];
+} cpu_ctx;
 
 typedef enum cpu_kernel_id {
     CPU_ROWDIFF = 1,
@@ -28,12 +42,15 @@ static const struct {
 #define CPU_KERNEL_COUNT (sizeof cpu_kernels / sizeof cpu_kernels[0])
 
 static void cpu_destroy(void *ctx) {
-    (void)ctx;
+    cpu_ctx *c = ctx;
+    if (c) {
+        tovl_cpu_pool_destroy(c->ex.pool);
+        free(c);
+    }
 }
 
 static const char *cpu_device(void *ctx) {
-    (void)ctx;
-    return "host CPU (reference kernels, plain C)";
+    return ((const cpu_ctx *)ctx)->device;
 }
 
 static const char *cpu_property(void *ctx, const char *key) {
@@ -97,7 +114,7 @@ static tovl_kernel cpu_try_kernel(void *ctx, const char *name) {
 
 static tovl_status cpu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
                               size_t args_size, void *stream) {
-    (void)ctx;
+    const tovl_cpu_exec *ex = &((const cpu_ctx *)ctx)->ex;
     (void)stream;
     (void)grid; /* the reference kernels walk the whole logical grid from args */
     if (kernel == 0 || kernel > CPU_KERNEL_COUNT) {
@@ -108,10 +125,10 @@ static tovl_status cpu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
                           cpu_kernels[kernel - 1].name, cpu_kernels[kernel - 1].args_size, args_size);
     }
     switch ((cpu_kernel_id)kernel) {
-    case CPU_ROWDIFF: tovl_cpu_rowdiff(args); break;
+    case CPU_ROWDIFF: tovl_cpu_rowdiff_fast(ex, args); break;
     case CPU_EMBED_OVERLAY: tovl_cpu_embed_overlay(args); break;
-    case CPU_LMHEAD_BF16: tovl_cpu_lmhead_overlay(args, false); break;
-    case CPU_LMHEAD_F32: tovl_cpu_lmhead_overlay(args, true); break;
+    case CPU_LMHEAD_BF16: tovl_cpu_lmhead_overlay_fast(ex, args, false); break;
+    case CPU_LMHEAD_F32: tovl_cpu_lmhead_overlay_fast(ex, args, true); break;
     }
     return TOVL_OK;
 }
@@ -120,6 +137,121 @@ static tovl_status cpu_synchronize(void *ctx, void *stream) {
     (void)ctx;
     (void)stream;
     return TOVL_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timing with the wall clock (CLOCK_MONOTONIC), for tovl bench.             */
+/* ------------------------------------------------------------------------ */
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+static int compare_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, uint32_t n) {
+    qsort(v, n, sizeof *v, compare_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* One sample of `batch` launches takes at most this long: a kernel of 0.2 s
+ * (rowdiff over 152064 x 4096) is then timed one launch per sample. */
+#define CPU_SAMPLE_US 250000.0
+
+static tovl_status cpu_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                                   size_t args_size, uint32_t batch, uint32_t repeats, tovl_kernel_timing *out) {
+    if (batch == 0 || repeats == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cpu: time_kernel needs batch and repeats >= 1");
+    }
+    double *samples = malloc(2 * (size_t)repeats * sizeof *samples);
+    if (!samples) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cpu: out of host memory for %u timing samples", repeats);
+    }
+    tovl_status st = TOVL_OK;
+    double t0 = now_us();
+    for (int i = 0; i < 2 && st == TOVL_OK; i++) { /* warm-up: caches, pages, the pool's threads */
+        st = cpu_launch(ctx, kernel, grid, args, args_size, NULL);
+    }
+    const double one = (now_us() - t0) / 2.0;
+    if (one * batch > CPU_SAMPLE_US) {
+        batch = one >= CPU_SAMPLE_US ? 1u : (uint32_t)(CPU_SAMPLE_US / one);
+    }
+    for (uint32_t r = 0; r < repeats && st == TOVL_OK; r++) {
+        t0 = now_us();
+        st = cpu_launch(ctx, kernel, grid, args, args_size, NULL);
+        samples[r] = now_us() - t0;
+        t0 = now_us();
+        for (uint32_t b = 0; b < batch && st == TOVL_OK; b++) {
+            st = cpu_launch(ctx, kernel, grid, args, args_size, NULL);
+        }
+        samples[repeats + r] = (now_us() - t0) / batch;
+    }
+    if (st == TOVL_OK) {
+        out->single_us = median(samples, repeats);
+        out->batched_us = median(samples + repeats, repeats);
+        out->repeats = repeats;
+    }
+    free(samples);
+    return st;
+}
+
+#define COPY_PART (8u << 20)
+
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+    size_t bytes;
+    atomic_size_t next;
+} copy_job;
+
+static void copy_parts(void *ctx, unsigned worker) {
+    (void)worker;
+    copy_job *j = ctx;
+    for (;;) {
+        const size_t lo = atomic_fetch_add_explicit(&j->next, COPY_PART, memory_order_relaxed);
+        if (lo >= j->bytes) {
+            return;
+        }
+        memcpy(j->dst + lo, j->src + lo, j->bytes - lo < COPY_PART ? j->bytes - lo : COPY_PART);
+    }
+}
+
+static void copy_all(tovl_cpu_pool *pool, copy_job *j) {
+    atomic_store(&j->next, 0);
+    tovl_cpu_pool_run(pool, tovl_cpu_pool_threads(pool), copy_parts, j);
+}
+
+/* memcpy on every thread, 8 MB parts, counting read + written. */
+static tovl_status cpu_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats, double *gbps) {
+    tovl_cpu_pool *pool = ((cpu_ctx *)ctx)->ex.pool;
+    copy_job j = {.bytes = bytes};
+    char *dst = malloc(bytes), *src = malloc(bytes);
+    double *samples = malloc((size_t)(repeats ? repeats : 1) * sizeof *samples);
+    tovl_status st = TOVL_OK;
+    if (!dst || !src || !samples || bytes == 0 || repeats == 0) {
+        st = bytes && repeats ? tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cpu: out of host memory for 2 x %zu bytes", bytes)
+                              : tovl_error(TOVL_ERR_INVALID_ARGUMENT, "cpu: copy_bandwidth needs bytes and repeats");
+    } else {
+        memset(src, 0x5A, bytes);
+        memset(dst, 0xA5, bytes); /* every page touched before the clock runs */
+        j.dst = dst;
+        j.src = src;
+        copy_all(pool, &j);
+        for (uint32_t r = 0; r < repeats; r++) {
+            const double t0 = now_us();
+            copy_all(pool, &j);
+            samples[r] = now_us() - t0;
+        }
+        *gbps = 2.0 * (double)bytes / (median(samples, repeats) * 1e-6) / 1e9;
+    }
+    free(dst);
+    free(src);
+    free(samples);
+    return st;
 }
 
 static const tovl_backend_iface cpu_iface = {
@@ -136,10 +268,33 @@ static const tovl_backend_iface cpu_iface = {
     .try_kernel = cpu_try_kernel,
     .launch = cpu_launch,
     .synchronize = cpu_synchronize,
+    .time_kernel = cpu_time_kernel,
+    .copy_bandwidth = cpu_copy_bandwidth,
 };
 
 static tovl_status cpu_open(tovl_backend **out) {
-    return tovl_backend_create(&cpu_iface, NULL, out);
+    *out = NULL;
+    const tovl_cpu_simd_ops *ops;
+    unsigned threads;
+    tovl_status st = tovl_cpu_simd_from_env(&ops);
+    if (st == TOVL_OK) {
+        st = tovl_cpu_threads_from_env(&threads);
+    }
+    if (st != TOVL_OK) {
+        return st;
+    }
+    cpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
+    }
+    c->ex.ops = ops;
+    snprintf(c->device, sizeof c->device, "host CPU (%s, %u thread%s)", ops->name, threads, threads == 1 ? "" : "s");
+    st = tovl_cpu_pool_create(threads, &c->ex.pool);
+    if (st != TOVL_OK) {
+        free(c);
+        return st;
+    }
+    return tovl_backend_create(&cpu_iface, c, out);
 }
 
 const tovl_backend_factory tovl_cpu_backend_factory = {"cpu", cpu_open};

@@ -14,7 +14,11 @@ float tovl_cpu_dot_bf16(const uint16_t *x, const uint16_t *w, uint32_t h);
 /* f32 result -> the bits the lm_head kernels store (canonical NaN). */
 uint32_t tovl_cpu_f32_out_bits(float value);
 
-/* Each kernel runs its whole logical grid. */
+/* rowdiff's rule for one row pair (bitwise for tol 0). */
+uint32_t tovl_cpu_rows_differ(const uint16_t *a, const uint16_t *b, uint32_t h, float tol);
+
+/* Each kernel runs its whole logical grid, one cell at a time: the reference.
+ * The backend launches the fast paths of cpu_simd.h, which give the same bits. */
 void tovl_cpu_rowdiff(const tovl_rowdiff_args *args);
 void tovl_cpu_embed_overlay(const tovl_embed_overlay_args *args);
 void tovl_cpu_lmhead_overlay(const tovl_lmhead_overlay_args *args, bool f32_logits);

@@ -5,7 +5,7 @@
 #include "cpu_kernels.h"
 #include "tovl/tovl.h"
 
-static uint32_t rows_differ(const uint16_t *a, const uint16_t *b, uint32_t h, float tol) {
+uint32_t tovl_cpu_rows_differ(const uint16_t *a, const uint16_t *b, uint32_t h, float tol) {
     for (uint32_t i = 0; i < h; i++) {
         if (tol > 0.0f) {
             float fa = tovl_bf16_to_f32(a[i]);
@@ -26,6 +26,6 @@ void tovl_cpu_rowdiff(const tovl_rowdiff_args *args) {
     uint32_t *flags = TOVL_CPU_PTR(uint32_t, args->flags);
     for (uint32_t r = 0; r < args->rows; r++) {
         size_t off = (size_t)r * args->h;
-        flags[r] = rows_differ(a + off, b + off, args->h, args->tol);
+        flags[r] = tovl_cpu_rows_differ(a + off, b + off, args->h, args->tol);
     }
 }

@@ -5,10 +5,11 @@
  *
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
- *   lmhead_overlay_*  four variants (cuda_geometry.c chooses):
- *                     row2 and row (small batches): a block per (row t, 2
- *                     or 4 overlay rows of its slot), grid (T, ceil(max_n /
- *                     cells)); each overlay row is read once per row.
+ *   lmhead_overlay_*  five variants (cuda_geometry.c chooses):
+ *                     row4, row2 and row (small batches): a block per (row
+ *                     t, 1, 2 or 4 overlay rows of its slot), grid (T,
+ *                     ceil(max_n / cells)); each overlay row is read once
+ *                     per row.
  *                     small and large tiles: a block per (group of BM rows
  *                     of one slot, BN overlay rows): grid (ceil(T / BM) +
  *                     min(max_loras, T), ceil(max_n / BN) capped at 65535
@@ -29,8 +30,9 @@
  * Bump it when a launch shape or convention changes (6: the kernels wait for
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
- * lm_head row variant; 9: and row2; 10: row resident 6 to an SM). */
-#define TOVL_CUDA_PORT_ABI 10
+ * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: and
+ * row4). */
+#define TOVL_CUDA_PORT_ABI 11
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -106,6 +108,24 @@
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD
 #define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16
+#endif
+
+/* The "row4" variant (lmhead_row.cuh) for decode batches: a block of
+ * ROW4_THREADS (four warps) per (row t, overlay row of its slot), grid (T,
+ * max_n capped at 65535), both rows staged into shared memory STAGE_ROUNDS
+ * 256-element rounds at a time (17 KB with 16). The host takes it first,
+ * while all its blocks are resident at once, BLOCKS_PER_SM to an SM (also
+ * its register cap: 64). On the H200 (seed 777; docs/PERFORMANCE.md) 1.73
+ * / 2.68 / 3.47 us at T = 1 / 8 / 16 with 8 or 12 to an SM alike, 5.43 at
+ * T = 32 (row: 5.20); chunks of 8 rounds 1.99 / 2.88 / 3.60; two or four
+ * cells a block sharing the staged hidden row 2.26 / 2.83 / 3.78 and
+ * 2.66 / 2.91 / 3.98. */
+#define TOVL_CUDA_LMHEAD_ROW4_THREADS 128
+#ifndef TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM 8
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
+#define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16
 #endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -9,6 +9,7 @@
 
 #include "../internal.h"
 #include "import_internal.h"
+#include "cpu/cpu_simd.h" /* the base product runs on the CPU backend's kernels */
 
 #define EMBED_TENSOR "model.embed_tokens.weight"
 #define LMHEAD_TENSOR "lm_head.weight"
@@ -360,52 +361,20 @@ const uint16_t *tovl_model_lmhead_row(const tovl_model *m, uint32_t id) {
     return id < m->info.config_vocab ? m->lmhead + (size_t)id * m->info.hidden : m->zero_row;
 }
 
-/* One row of the spec's fixed-order dot: 256 lanes, then a pairwise tree. The
- * file is compiled with -ffp-contract=off, so nothing fuses into an FMA. */
-static float dot_bf16(const float *x, const uint16_t *w, uint32_t h) {
-    float p[TOVL_DOT_LANES];
-    for (int l = 0; l < TOVL_DOT_LANES; l++) {
-        p[l] = 0.0f;
-    }
-    /* Lane l takes elements l, l + 256, ... in increasing order. */
-    for (uint32_t base = 0; base < h; base += TOVL_DOT_LANES) {
-        uint32_t n = h - base < TOVL_DOT_LANES ? h - base : TOVL_DOT_LANES;
-        for (uint32_t l = 0; l < n; l++) {
-            float prod = x[base + l] * tovl_bf16_to_f32(w[base + l]);
-            p[l] = p[l] + prod;
-        }
-    }
-    for (int stride = TOVL_DOT_LANES / 2; stride >= 1; stride /= 2) {
-        for (int l = 0; l < stride; l++) {
-            p[l] = p[l] + p[l + stride];
-        }
-    }
-    return p[0];
+static const uint16_t *lmhead_row_of(const void *model, uint32_t v) {
+    return tovl_model_lmhead_row(model, v);
 }
 
 tovl_status tovl_model_lmhead_product(const tovl_model *m, const uint16_t *hidden, uint32_t T, float *logits) {
     if (!m || (T && (!hidden || !logits))) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_model_lmhead_product: NULL argument");
     }
-    uint32_t h = m->info.hidden, vocab = m->info.vocab;
-    float *x = malloc((size_t)h * sizeof *x);
-    if (!x) {
-        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "tovl_model_lmhead_product: out of host memory");
+    /* The CPU backend's tiled product (the spec's dot order at the CPU's
+     * vector width, on its threads; TOVL_CPU_THREADS, TOVL_CPU_SIMD apply). */
+    tovl_status st = tovl_cpu_matmul_bf16_once(hidden, T, m->info.hidden, lmhead_row_of, m, m->info.vocab, logits);
+    if (st != TOVL_OK) {
+        return st;
     }
-    for (uint32_t t = 0; t < T; t++) {
-        for (uint32_t i = 0; i < h; i++) {
-            x[i] = tovl_bf16_to_f32(hidden[(size_t)t * h + i]);
-        }
-        for (uint32_t v = 0; v < vocab; v++) {
-            float dot = dot_bf16(x, tovl_model_lmhead_row(m, v), h);
-            if (dot != dot) {
-                uint32_t nan_bits = 0x7FC00000u; /* the spec's canonical NaN */
-                memcpy(&dot, &nan_bits, sizeof dot);
-            }
-            logits[(size_t)t * vocab + v] = dot;
-        }
-    }
-    free(x);
     tovl_clear_error();
     return TOVL_OK;
 }

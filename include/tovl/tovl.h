@@ -461,7 +461,9 @@ TOVL_API const tovl_model_info *tovl_model_get_info(const tovl_model *model);
 TOVL_API const uint16_t *tovl_model_embed_row(const tovl_model *model, uint32_t id);
 TOVL_API const uint16_t *tovl_model_lmhead_row(const tovl_model *model, uint32_t id);
 /* The base lm_head product on the host: logits[t * vocab + v] =
- * dot(hidden[t, :], lm_head row v) in f32, in the spec's fixed dot order.
+ * dot(hidden[t, :], lm_head row v) in f32, in the spec's fixed dot order, on
+ * the CPU backend's kernels (every core, the CPU's vector width; the
+ * TOVL_CPU_THREADS and TOVL_CPU_SIMD variables apply).
  * `hidden` is bf16 [T, hidden]; `logits` holds T * vocab floats. */
 TOVL_API tovl_status tovl_model_lmhead_product(const tovl_model *model, const uint16_t *hidden, uint32_t T,
                                                float *logits);

@@ -15,13 +15,15 @@
 #      fraction of the copy bandwidth), again with TOVL_CUDA_PDL=0 (plain
 #      launches, no programmatic dependent launch), then bench/torch_peer.py:
 #      the same work in PyTorch on the same GPU, and both side by side with
-#      the goals;
+#      the goals; then tovl bench at T = 1 .. 512 with --dump, and
+#      bench/triton_peer.py on that workload: the closest prior art's design
+#      (vLLM PR #55796) in Triton, side by side with tovl at every T;
 #   6. bench/lmhead_microbench, where the build made it: the kernels alone on
 #      the bench workload, every cell checked, then timed.
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
-# TOVL_CUDA_SKIP_TORCH=1 (no PyTorch peer).
+# TOVL_CUDA_SKIP_TORCH=1 (neither the PyTorch nor the Triton peer).
 set -uo pipefail
 part=cuda step_tail=6
 source "$(dirname "$0")/../lib/gpu-part.sh"
@@ -75,6 +77,18 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
     --tovl-json "$out/bench.json"
 fi
 
+# The closest prior art at decode and prefill batch sizes, on the workload
+# tovl bench wrote (issue 23).
+peer_sizes=1,8,16,32,64,128,256,512
+workload_dir=$(mktemp -d)
+step bench-sizes "$tovl" bench --backend cuda --seed "$fresh_seed" --tokens "$peer_sizes" \
+  --json "$out/bench-sizes.json" --dump "$workload_dir/workload.safetensors"
+if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
+  step triton-peer python3 bench/triton_peer.py --workload "$workload_dir/workload.safetensors" \
+    --tovl-json "$out/bench-sizes.json" --json "$out/triton_peer.json"
+fi
+rm -rf "$workload_dir"
+
 # 6. The microbenchmark (built by CMake's build check when nvcc saw sm_90).
 microbench=$build/backends/cuda/lmhead_microbench
 [ -x "$microbench" ] && step lmhead_microbench "$microbench" "$fresh_seed"
@@ -105,6 +119,14 @@ fi
 if [ -f "$out/torch-peer.log" ]; then
   echo "against PyTorch:"
   sed -n '/^tovl (/,$p' "$out/torch-peer.log"
+fi
+if [ -f "$out/bench-sizes.log" ]; then
+  echo "bench at T = $peer_sizes, the hooks:"
+  sed -n '/^kernel /,$p' "$out/bench-sizes.log" | grep -E '^(kernel|embed|lmhead)'
+fi
+if [ -f "$out/triton-peer.log" ]; then
+  echo "against the PR #55796 design (Triton):"
+  sed -n '/^lm_head, graph/,$p' "$out/triton-peer.log"
 fi
 if [ -f "$out/lmhead_microbench.log" ]; then
   echo "lmhead_microbench:"

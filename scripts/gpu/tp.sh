@@ -16,7 +16,7 @@
 #      no rowdiff, no copy bandwidth).
 # Logs go to $OUT/tp (default /tmp/tovl-gpu-out/tp); a summary prints last.
 # Knobs: TOVL_TP_BENCH_ARGS (extra `tovl bench` options, e.g. "--quick
-# --tokens 8 --batch 1 --repeats 2" for a dry run on lavapipe),
+# --tokens 8 --batch 1 --repeats 2" for a dry run on cpu or lavapipe),
 # TOVL_TP_BENCH_BACKENDS, TOVL_TP_RANKS.
 set -uo pipefail
 part=tp step_tail=6

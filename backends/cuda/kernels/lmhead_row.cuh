@@ -1,5 +1,5 @@
 /*
- * lmhead_overlay_{bf16,f32}_row and _row2: the lm_head hook for small batches
+ * lmhead_overlay_{bf16,f32}_row, _row2 and _row4: the lm_head hook for small batches
  * (decode steps), where the tiles of lmhead_overlay.cuh (8 rows of one slot x
  * 8 overlay rows) are mostly empty and every tile costs the same ~8 us on the
  * H200 however few rows it holds. Same contract and same bits:
@@ -12,7 +12,8 @@
  * W = 2: _row2, 2 cells a block, each thread half the lanes, so a cell's
  * loads are in flight in half the round trips). Each overlay row is read
  * once per row t rather than once per 8, which is why these win only while
- * the batch is small (the host's choice, cuda_geometry.c).
+ * the batch is small (the host's choice, cuda_geometry.c). _row4, at the
+ * end of this file, gives each cell a block of four warps of its own.
  *
  * The dot order. Thread p of warp u (0 <= u < W) of a cell holds the spec's
  * lanes 256 u / W + L p .. + L - 1, L = 8 / W: for each 256-element round j
@@ -137,14 +138,19 @@ __device__ __forceinline__ float lmhead_row_tree(float (&acc)[L]) {
     return acc[0];
 }
 
-template <class C, bool F32_LOGITS>
-__device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
-    /* W = 2: the upper warp's lane sums, for stride 128 (a dummy otherwise). */
-    __shared__ float upper[C::W == 2 ? C::CELLS : 1][C::W == 2 ? TOVL_DOT_LANES / 2 : 1];
-    const uint32_t t = blockIdx.x, warp = threadIdx.x / WARP, lane = lane_id();
-    const uint32_t cell = warp / C::W, half = warp % C::W;
-    /* The set's table cells of the first 32 slots, lane i slot i: requested
-     * before the wait (no kernel writes them), picked by shuffle after it. */
+/* Row t's slot and that slot's table cells (n capped at max_n, rows, ids),
+ * for a whole block; false (for every thread) when the row has none. The
+ * set's cells of the first 32 slots are requested before the wait (no
+ * kernel writes them), lane i slot i, and picked by shuffle after it; the
+ * row slots may come from the kernel before (common.cuh). Every thread
+ * calls it. */
+struct RowSlotCells {
+    uint32_t n;
+    const uint16_t *rows;
+    const uint32_t *ids;
+};
+__device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a, uint32_t t, RowSlotCells &out) {
+    const uint32_t lane = lane_id();
     uint32_t lane_n = 0;
     uint64_t lane_rows = 0, lane_ids = 0;
     if (lane < a.max_loras) {
@@ -152,14 +158,10 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
         lane_rows = ldg(ptr<const uint64_t>(a.rows_table) + lane);
         lane_ids = ldg(ptr<const uint64_t>(a.ids_table) + lane);
     }
-    /* No early grid_dependents_launch: letting the next launch's blocks in
-     * beside these cost 1 us at T = 8 on the H200 (3.63 -> 4.70 us); the
-     * grid lets go as its blocks exit. */
-    /* The row slots and hidden rows may come from the kernel before (common.cuh). */
     grid_dependency_wait();
     const int32_t s = row_slot(a.row_slots, a.active_slot, t);
     if (!slot_valid(s, a.max_loras)) {
-        return; /* uniform: the block's row has no overlay */
+        return false;
     }
     uint32_t n_cell;
     uint64_t rows_cell, ids_cell;
@@ -172,9 +174,28 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
         rows_cell = ldg(ptr<const uint64_t>(a.rows_table) + s);
         ids_cell = ldg(ptr<const uint64_t>(a.ids_table) + s);
     }
-    const uint32_t n = min_of(n_cell, a.max_n);
-    const uint16_t *rows = ptr<const uint16_t>(rows_cell);
-    const uint32_t *ids = ptr<const uint32_t>(ids_cell);
+    out.n = min_of(n_cell, a.max_n);
+    out.rows = ptr<const uint16_t>(rows_cell);
+    out.ids = ptr<const uint32_t>(ids_cell);
+    return true;
+}
+
+template <class C, bool F32_LOGITS>
+__device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
+    /* W = 2: the upper warp's lane sums, for stride 128 (a dummy otherwise). */
+    __shared__ float upper[C::W == 2 ? C::CELLS : 1][C::W == 2 ? TOVL_DOT_LANES / 2 : 1];
+    const uint32_t t = blockIdx.x, warp = threadIdx.x / WARP, lane = lane_id();
+    const uint32_t cell = warp / C::W, half = warp % C::W;
+    /* No early grid_dependents_launch: letting the next launch's blocks in
+     * beside these cost 1 us at T = 8 on the H200 (3.63 -> 4.70 us); the
+     * grid lets go as its blocks exit. */
+    RowSlotCells cells;
+    if (!row_slot_cells(a, t, cells)) {
+        return; /* uniform: the block's row has no overlay */
+    }
+    const uint32_t n = cells.n;
+    const uint16_t *rows = cells.rows;
+    const uint32_t *ids = cells.ids;
     const uint32_t h = a.h;
     const uint16_t *x = ptr<const uint16_t>(a.hidden) + (size_t)t * h;
     const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
@@ -220,6 +241,130 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
     }
 }
 
+
+/* _row4 (decode batches): a block of four warps per cell (row t, overlay
+ * row k), the work of one program of the closest prior design (vLLM PR
+ * #55796: docs/PERFORMANCE.md) in the spec's order. The block copies both
+ * rows into shared memory by cp.async, 16-byte copies that hold no
+ * registers while they are in flight (so 8 blocks share an SM), a chunk of
+ * STAGE_ROUNDS 256-element rounds at a time (h = 4096 in one); then thread
+ * q takes the lanes 2q and 2q + 1 of every round from there, one pair word
+ * of each row, so each lane's sum runs over increasing i. The tree: the 256
+ * sums through shared memory, then warp 0 runs strides 128, 64, 32 in
+ * registers (thread p holds lanes p + 32 i) and 16 .. 1 by shuffles.
+ * Blocks past CUDA's y limit take k + gridDim.y, ... too; the hidden row is
+ * staged once for them when it fits a chunk.
+ * On the H200 (bench workload, seed 777): 1.73 / 2.68 / 3.47 us at T = 1 /
+ * 8 / 16 against row2's 2.67 / 3.04 / 3.70. With four warps that load
+ * their own lanes as 4-byte words instead of staging, 2.93 / 3.57 / 5.58;
+ * with 16-byte loads into registers and the lane sums relayed warp to warp
+ * in round order, 2.39 / 3.03 / 4.11 (docs/PERFORMANCE.md). */
+struct LmheadRow4 {
+    static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_ROW4_THREADS;
+    static constexpr uint32_t CHUNK = TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS * TOVL_DOT_LANES; /* elements of a row */
+    static constexpr uint32_t BLOCKS_PER_SM = TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM;
+    static_assert(THREADS * 2 == TOVL_DOT_LANES, "two of the spec's lanes a thread");
+    static_assert(CHUNK / 8 % THREADS == 0, "every thread stages the same number of vectors");
+};
+
+template <bool F32_LOGITS>
+__device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
+    constexpr uint32_t CHUNK = LmheadRow4::CHUNK, THREADS = LmheadRow4::THREADS;
+    struct alignas(16) Stage {
+        uint16_t x[CHUNK], w[CHUNK];
+        float sums[TOVL_DOT_LANES];
+    };
+    __shared__ Stage stage;
+    const uint32_t t = blockIdx.x, q = threadIdx.x, warp = q / WARP, lane = lane_id();
+    /* No early grid_dependents_launch, as in _row. */
+    RowSlotCells cells;
+    if (!row_slot_cells(a, t, cells)) {
+        return; /* uniform: the block's row has no overlay */
+    }
+    const uint32_t n = cells.n;
+    const uint32_t h = a.h;
+    const uint16_t *rows = cells.rows;
+    const uint32_t *ids = cells.ids;
+    const uint16_t *x = ptr<const uint16_t>(a.hidden) + (size_t)t * h;
+    const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    const bool x_kept = h <= CHUNK; /* staged once for all the block's cells */
+    /* Block-uniform: every thread reaches each barrier below. */
+    for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
+        const uint16_t *w = rows + (size_t)k * h;
+        uint32_t id = UINT32_MAX;
+        if (q == 0) {
+            id = ldg(ids + k); /* in flight with the staging */
+        }
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (uint32_t base = 0; base < h; base += CHUNK) {
+            const bool stage_x = !x_kept || k == blockIdx.y;
+            if (vectors) {
+                TOVL_UNROLL
+                for (uint32_t j = 0; j < CHUNK / 8 / THREADS; j++) {
+                    const uint32_t i = 8 * (j * THREADS + q), e = base + i;
+                    if (e < h) {
+                        if (stage_x) {
+                            copy16_async(stage.x + i, x + e);
+                        }
+                        copy16_async(stage.w + i, w + e);
+                    }
+                }
+                copy_async_commit();
+                copy_async_wait<0>();
+            } else {
+                for (uint32_t i = q; i < CHUNK; i += THREADS) {
+                    if (base + i < h) {
+                        if (stage_x) {
+                            stage.x[i] = ldg(x + base + i);
+                        }
+                        stage.w[i] = ldg(w + base + i);
+                    }
+                }
+            }
+            __syncthreads();
+            TOVL_UNROLL
+            for (uint32_t r = 0; r < CHUNK / TOVL_DOT_LANES; r++) {
+                const uint32_t i = r * TOVL_DOT_LANES + 2 * q, e = base + i;
+                const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
+                const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
+                if (e < h) {
+                    acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
+                }
+                if (e + 1 < h) {
+                    acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                }
+            }
+            __syncthreads(); /* the next chunk or cell stages over these */
+        }
+        stage.sums[2 * q] = acc0;
+        stage.sums[2 * q + 1] = acc1;
+        __syncthreads();
+        if (warp == 0) {
+            float v[TOVL_DOT_LANES / WARP];
+            TOVL_UNROLL
+            for (uint32_t i = 0; i < TOVL_DOT_LANES / WARP; i++) {
+                v[i] = stage.sums[lane + WARP * i];
+            }
+            TOVL_UNROLL
+            for (uint32_t stride = TOVL_DOT_LANES / WARP / 2; stride >= 1; stride /= 2) {
+                TOVL_UNROLL
+                for (uint32_t i = 0; i < stride; i++) {
+                    v[i] = __fadd_rn(v[i], v[i + stride]);
+                }
+            }
+            TOVL_UNROLL
+            for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
+                v[0] = __fadd_rn(v[0], __shfl_down_sync(FULL_MASK, v[0], d));
+            }
+            if (lane == 0 && id < a.vocab) {
+                store_logit<F32_LOGITS>(a, t, id, v[0]);
+            }
+        }
+        /* `sums` is written again only after the next cell's first barrier,
+         * which warp 0 reaches once it has read it. */
+    }
+}
+
 } // namespace tovl_cuda
 
 #define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, config, f32)                                                      \
@@ -232,5 +377,14 @@ TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row, tovl_cuda::LmheadRow, false)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row, tovl_cuda::LmheadRow, true)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row2, tovl_cuda::LmheadRow2, false)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, tovl_cuda::LmheadRow2, true)
+
+#define TOVL_CUDA_LMHEAD_ROW4_ENTRY(name, f32)                                                             \
+    TOVL_CUDA_KERNEL void __launch_bounds__(tovl_cuda::LmheadRow4::THREADS, tovl_cuda::LmheadRow4::BLOCKS_PER_SM) \
+        name(tovl_lmhead_overlay_args args) {                                                              \
+        tovl_cuda::lmhead_overlay_row4<f32>(args);                                                         \
+    }
+
+TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_bf16_row4, false)
+TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_f32_row4, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */

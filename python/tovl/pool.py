@@ -1,0 +1,200 @@
+"""AdapterPool: one base model, `max_loras` adapter slots and their overlay set on one torch device.
+
+Loading or unloading a slot builds a new set and swaps it in; the old set is
+destroyed only once the work already enqueued with it has finished: on CUDA a
+torch.cuda.Event is recorded on the stream at the swap, and the set is freed
+on a later call (or at close) once that event has completed. A CUDA graph
+captured with a set keeps that set's table addresses: after a swap
+(`generation` changes) capture again.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+from .core import Adapter, AdapterRows, Backend, Model, Overlay, OverlaySet, PathLike
+from .errors import invalid
+from .ops import SlotsArg, backend_name_for, embed_overlay_, lmhead_overlay_
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """What one slot holds: the adapter folder, its overlay format and the token ids it overlays."""
+
+    slot: int
+    dir: str
+    name: str
+    format: str
+    embed_ids: tuple[int, ...]
+    lmhead_ids: tuple[int, ...]
+    lmhead_rule: str
+    warnings: tuple[str, ...]
+
+
+class _State:
+    """Everything the pool frees, kept apart from the pool so its finalizer can run at GC."""
+
+    def __init__(self, backend: Backend, model: Model) -> None:
+        self.backend = backend
+        self.model = model
+        self.overlays: list[Optional[Overlay]] = []
+        self.set: Optional[OverlaySet] = None
+        self.retired: list[tuple[OverlaySet, Optional[Any]]] = []
+
+    def reap(self, wait: bool) -> None:
+        keep = []
+        for s, event in self.retired:
+            if event is not None and not wait and not event.query():
+                keep.append((s, event))
+                continue
+            if event is not None:
+                event.synchronize()
+            s.close()
+        self.retired = keep
+
+    def close(self) -> None:
+        self.reap(wait=True)
+        if self.set is not None:
+            self.set.close()
+            self.set = None
+        for ov in self.overlays:
+            if ov is not None:
+                ov.close()
+        self.model.close()
+        self.backend.close()
+
+
+class AdapterPool:
+    """Adapters in `max_loras` slots over the base model at `base_dir`, served on `device`.
+
+    Slot values in a batch: 0 .. max_loras-1, or -1 (any value outside) for the base model."""
+
+    def __init__(self, base_dir: PathLike, device: Union[torch.device, str] = "cpu", max_loras: int = 8,
+                 padded_vocab: int = 0) -> None:
+        if max_loras < 1:
+            raise invalid(f"AdapterPool: max_loras {max_loras} must be >= 1")
+        device = torch.device(device)
+        name = backend_name_for(device)
+        if name != "cpu" and device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
+        self.device: torch.device = device
+        self.max_loras = max_loras
+        backend = Backend("cpu") if name == "cpu" else Backend.for_device(name, device.index or 0)
+        try:
+            model = Model(base_dir, padded_vocab)
+        except BaseException:
+            backend.close()
+            raise
+        self.model = model
+        self._state = _State(backend, model)
+        self._finalizer = weakref.finalize(self, self._state.close)
+        self._state.overlays = [None] * max_loras
+        self._slots: list[Optional[SlotInfo]] = [None] * max_loras
+        #: increases at every swap of the overlay set (graphs captured before must be captured again)
+        self.generation = 0
+        self._state.set = self._build_set(self._state.overlays)
+
+    # -- the set --------------------------------------------------------------
+    def _build_set(self, overlays: list[Optional[Overlay]]) -> OverlaySet:
+        # The one place a set is built: a pool serving one vocab shard will
+        # build it here with tovl_token_overlay_set_from_slots_shard.
+        return OverlaySet(self.backend, overlays, tied=self.model.info.tied, max_loras=self.max_loras)
+
+    def _swap(self, slot: int, overlay: Optional[Overlay], info: Optional[SlotInfo],
+              stream: Optional[Any]) -> None:
+        st = self._state
+        overlays = list(st.overlays)
+        overlays[slot] = overlay
+        new_set = self._build_set(overlays)
+        old_set, old_overlay = st.set, st.overlays[slot]
+        st.set, st.overlays, self._slots[slot] = new_set, overlays, info
+        self.generation += 1
+        if old_overlay is not None:
+            old_overlay.close()  # the old set holds its own reference
+        if old_set is not None:
+            event = None
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
+            st.retired.append((old_set, event))
+        st.reap(wait=False)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_loras:
+            raise invalid(f"slot {slot} is outside 0 .. {self.max_loras - 1}")
+
+    @property
+    def backend(self) -> Backend:
+        return self._state.backend
+
+    @property
+    def overlay_set(self) -> OverlaySet:
+        """The current set (its `handle` is what torch.ops.tovl.* take as set_handle)."""
+        s = self._state.set
+        if s is None:
+            raise invalid("this AdapterPool is closed")
+        return s
+
+    # -- slots ------------------------------------------------------------------
+    def load(self, slot: int, adapter_dir: PathLike, *, stream: Optional[Any] = None) -> SlotInfo:
+        """Load a PEFT or vLLM adapter folder into `slot` (replacing what was there).
+
+        On CUDA the set in use until now is freed once the work enqueued on `stream`
+        (default: the device's current stream) has finished."""
+        self._check_slot(slot)
+        with Adapter(adapter_dir) as adapter, AdapterRows(self.backend, adapter, self.model) as rows:
+            overlay = Overlay.from_resolved(self.backend, rows)
+            path = os.fspath(adapter_dir)
+            info = SlotInfo(slot, path, os.path.basename(os.path.normpath(path)), adapter.info.format,
+                            tuple(int(i) for i in rows.embed_ids),
+                            tuple(int(i) for i in rows.overlaid_lmhead_ids), rows.lmhead_rule,
+                            tuple(rows.warnings))
+        try:
+            self._swap(slot, overlay, info, stream)
+        except BaseException:
+            overlay.close()
+            raise
+        return info
+
+    def unload(self, slot: int, *, stream: Optional[Any] = None) -> None:
+        """Empty `slot`: its rows fall back to the base model."""
+        self._check_slot(slot)
+        if self._slots[slot] is not None:
+            self._swap(slot, None, None, stream)
+
+    def slots(self) -> list[Optional[SlotInfo]]:
+        """Each slot's adapter and overlaid ids; None for an empty slot."""
+        return list(self._slots)
+
+    def reap(self) -> None:
+        """Free the replaced sets whose work has finished (also done by load, unload and close)."""
+        self._state.reap(wait=False)
+
+    # -- forward ----------------------------------------------------------------
+    def embed_(self, hidden: torch.Tensor, token_ids: torch.Tensor, slots: SlotsArg) -> torch.Tensor:
+        """Patch the embedding gather `hidden` of `token_ids` in place (tovl.embed_overlay_)."""
+        return embed_overlay_(hidden, token_ids, slots, self.overlay_set)
+
+    def lmhead_(self, logits: torch.Tensor, hidden: torch.Tensor, slots: SlotsArg) -> torch.Tensor:
+        """Patch the lm_head product `logits` of `hidden` in place (tovl.lmhead_overlay_)."""
+        return lmhead_overlay_(logits, hidden, slots, self.overlay_set)
+
+    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the replaced sets' work, then free every set, overlay, the model and the backend."""
+        self._finalizer()
+
+    def __enter__(self) -> "AdapterPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        used = sum(s is not None for s in self._slots)
+        return f"tovl.AdapterPool({self.model.info.dir!r}, {self.device}, {used}/{self.max_loras} slots)"
