@@ -64,7 +64,14 @@ tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overl
         return tovl_error(TOVL_ERR_SHAPE_MISMATCH, "tovl_lmhead_hook: hidden_size %u, the overlays have %u",
                           a->hidden_size, set->hidden);
     }
-    if (a->ld < set->vocab) {
+    /* The logits row this set patches: the whole vocab, or the rank's shard. */
+    const uint32_t width = set->vocab_end - set->vocab_start;
+    if (a->ld < width) {
+        if (set->sharded) {
+            return tovl_error(TOVL_ERR_SHAPE_MISMATCH,
+                              "tovl_lmhead_hook: ld %llu < the shard's width %u (vocab [%u, %u))",
+                              (unsigned long long)a->ld, width, set->vocab_start, set->vocab_end);
+        }
         return tovl_error(TOVL_ERR_SHAPE_MISMATCH, "tovl_lmhead_hook: ld %llu < vocab %u",
                           (unsigned long long)a->ld, set->vocab);
     }
@@ -78,7 +85,7 @@ tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overl
         .ld = a->ld,
         .T = a->T,
         .h = set->hidden,
-        .vocab = set->vocab,
+        .vocab = width, /* a shard's ids are shifted into [0, width) */
         .max_loras = set->max_loras,
         .active_slot = a->active_slot,
         .max_n = set->max_n_override,

@@ -530,7 +530,7 @@ Test(cpu_simd, bench_cli_runs_on_the_cpu_backend, .timeout = 300) {
         cr_expect_gt(strtod(p + strlen("\"graph_us\":"), NULL), 0.0, "a row without a time: %.80s", p);
         rows++;
     }
-    cr_expect_eq(rows, 7, "rowdiff and three hooks at each of two sizes:\n%s", text);
+    cr_expect_eq(rows, 8, "rowdiff, the idle embed launch and three hooks at each of two sizes:\n%s", text);
     cr_expect(strstr(text, "\"backend\":\t\"cpu\"") != NULL, "%s", text);
     const char *copy = strstr(text, "\"copy_gbps\":");
     cr_assert_not_null(copy);

@@ -39,22 +39,6 @@ static struct criterion_test_params backend_params(void) {
     return cr_make_param_array(size_t, backend_index, n);
 }
 
-static bool allowed_by_env(const char *name) {
-    const char *list = getenv("TOVL_TEST_BACKENDS");
-    if (!list || !*list) {
-        return true;
-    }
-    size_t len = strlen(name);
-    for (const char *p = list; (p = strstr(p, name)) != NULL; p += len) {
-        bool start = p == list || p[-1] == ',';
-        bool end = p[len] == '\0' || p[len] == ',';
-        if (start && end) {
-            return true;
-        }
-    }
-    return false;
-}
-
 typedef struct bk {
     tovl_backend *be;
     tu_wrap *w; /* counts launches, allocations and copies */
@@ -68,15 +52,7 @@ static bk open_backend(size_t index) {
     cr_assert_lt(index, n);
     bk b = {0};
     snprintf(b.name, sizeof b.name, "%s", info[index].name);
-    if (!info[index].available) {
-        cr_skip_test("%s backend unavailable: %s", info[index].name, info[index].reason);
-    }
-    if (!allowed_by_env(b.name)) {
-        cr_skip_test("%s backend left out by TOVL_TEST_BACKENDS=%s", b.name, getenv("TOVL_TEST_BACKENDS"));
-    }
-    b.be = tu_wrap_open(b.name, &b.w);
-    cr_assert_not_null(b.be, "%s listed as available but does not open: %s", b.name, tovl_last_error());
-    fprintf(stderr, "hostile: on %s (%s)\n", b.name, tovl_backend_device(b.be));
+    b.be = tu_open_listed(&info[index], "hostile", &b.w);
     return b;
 }
 

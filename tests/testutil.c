@@ -202,6 +202,36 @@ long tu_live(const tu_wrap *w) {
     return w->allocs - w->frees;
 }
 
+bool tu_backend_allowed(const char *name) {
+    const char *list = getenv("TOVL_TEST_BACKENDS");
+    if (!list || !*list) {
+        return true;
+    }
+    size_t len = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)) != NULL; p += len) {
+        bool start = p == list || p[-1] == ',';
+        bool end = p[len] == '\0' || p[len] == ',';
+        if (start && end) {
+            return true;
+        }
+    }
+    return false;
+}
+
+tovl_backend *tu_open_listed(const tovl_backend_info *info, const char *tag, tu_wrap **wrap) {
+    if (!info->available) {
+        cr_skip_test("%s backend unavailable: %s", info->name, info->reason);
+    }
+    if (!tu_backend_allowed(info->name)) {
+        cr_skip_test("%s backend left out by TOVL_TEST_BACKENDS=%s", info->name, getenv("TOVL_TEST_BACKENDS"));
+    }
+    tovl_backend *be = tu_wrap_open(info->name, wrap);
+    cr_assert_not_null(be, "%s listed as available but does not open: %s", info->name, tovl_last_error());
+    fprintf(stderr, "%s: on %s (%s)\n", tag, info->name, tovl_backend_device(be));
+    return be;
+}
+
+
 tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
                      uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,
                      tovl_embed_overlay **out) {

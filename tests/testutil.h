@@ -48,6 +48,16 @@ tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap);
 /* Live device allocations (allocs - frees). */
 long tu_live(const tu_wrap *w);
 
+/* Whether backend `name` may run: TOVL_TEST_BACKENDS (a comma list, e.g.
+ * "cpu" under Valgrind) names it, or is unset or empty. */
+bool tu_backend_allowed(const char *name);
+
+/* Backend `info` (an entry of tovl_backend_list) opened wrapped, for a test
+ * run once per backend: skips with the reason when it is absent or
+ * TOVL_TEST_BACKENDS leaves it out; prints "TAG: on NAME (DEVICE)", which the
+ * GPU run's parts look for (scripts/lib/gpu-part.sh, expect_ran_on). */
+tovl_backend *tu_open_listed(const tovl_backend_info *info, const char *tag, tu_wrap **wrap);
+
 /* Runs the tovl binary at `tool` with `args` (a shell fragment) in `dir`
  * (NULL: here), its stdout discarded; returns its exit status (-1 when it did
  * not exit) with its stderr, cut to cap - 1 bytes, in err. Skips the test

@@ -6,6 +6,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+/* The most tensor-parallel ranks `run --tp` and `inspect --tp` take. */
+#define TOVL_CLI_TP_MAX 1024
+
 /* Each returns the process exit status: 0 ok, 1 a check failed, 2 bad usage or input. */
 int tovl_cmd_devices(int argc, char **argv);
 int tovl_cmd_conform(int argc, char **argv);

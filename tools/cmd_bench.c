@@ -19,6 +19,12 @@
  * 8 slots x 64 overlay rows, vocab 152064, a mixed batch (each row's slot
  * random, 1 in 16 none; half the embed ids overlaid).
  *
+ * --tp N (issue 24): also N vocab shard sets of the same pool (vLLM's split of
+ * the padded vocab, tovl_vocab_shard_range). At each batch size the shards'
+ * lm_head outputs, concatenated, are checked against the unsharded set's bit
+ * for bit (bf16 and f32 logits), then each rank's lm_head kernel is timed on
+ * its own logits shard [T, shard width], beside the unsharded one.
+ *
  * The per-dispatch floor: an idle embed launch (T = 1, its slot -1, so the
  * kernel reads one word and returns) on every backend, and, where a backend
  * offers them (Vulkan), the dispatch_floor_* probes: an empty kernel recorded
@@ -42,6 +48,8 @@
 
 /* Batch sizes one run may time (--tokens). */
 #define BENCH_MAX_SIZES 8
+/* The most ranks --tp takes. */
+#define BENCH_MAX_TP 16
 /* The largest T --tokens takes: logits of T x vocab f32 are 0.6 GB per 1024 rows. */
 #define BENCH_MAX_T 65536u
 
@@ -57,6 +65,7 @@ typedef struct bench_options {
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
     uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
     uint32_t n_tokens;
+    uint32_t tp; /* > 1: also the lm_head as this many vocab shards */
     bool hooks_only; /* --hooks-only: no copy bandwidth, no rowdiff */
 } bench_options;
 
@@ -65,6 +74,8 @@ typedef struct bench_row {
     tovl_kernel_timing timing;
     double bytes; /* moved per launch, read + written */
     double macs;  /* multiply-adds per launch (lm_head), else 0 */
+    uint32_t T;   /* the hooks' batch size, 0 for rowdiff */
+    int32_t rank; /* a shard's rank under --tp, -1 for the unsharded set */
 } bench_row;
 
 typedef struct bench_run {
@@ -74,10 +85,12 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    bench_row rows[1 + BENCH_FLOOR_ROWS + 3 * BENCH_MAX_SIZES]; /* rowdiff, the floor, then 3 hooks per size */
+    /* rowdiff, the floor, then per size the 3 hooks and 2 per shard */
+    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 2 * BENCH_MAX_TP) * BENCH_MAX_SIZES];
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
+    uint32_t tp_checked; /* --tp: batch sizes x dtypes whose shards matched the unsharded set */
     struct bench_tensor {
         char name[32];
         const char *dtype; /* safetensors: "BF16", "F32", "I32" */
@@ -91,18 +104,21 @@ typedef struct bench_run {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--dump FILE] [--quick] [--hooks-only]\n\n"
+            "                  [--tokens T[,T...]] [--tp N] [--dump FILE] [--quick] [--hooks-only]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a backend (default: auto) with its own clock (the\n"
             "device's clock; the wall clock on cpu, whose samples hold at most 0.25 s of launches):\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
-            "each 1 .. %u). --dump FILE: the lm_head workload as safetensors (the overlay rows\n"
-            "and ids of each slot; per batch size the hidden rows, row slots and the cells\n"
-            "tovl computed) for a peer to run the same work. --quick: small sizes, for a smoke run.\n"
-            "--hooks-only: the floor and the hooks only (no copy bandwidth, no rowdiff).\n",
-            BENCH_MAX_SIZES, BENCH_MAX_T);
+            "each 1 .. %u). --tp N (2 .. %d): also N vocab shard sets (vLLM's split, pad 64), their\n"
+            "lm_head outputs concatenated checked bit for bit against the unsharded set, then each\n"
+            "rank's lm_head timed on its logits shard. --dump FILE: the lm_head workload as\n"
+            "safetensors (the overlay rows and ids of each slot; per batch size the hidden rows, row\n"
+            "slots and the cells tovl computed) for a peer to run the same work. --quick: small\n"
+            "sizes, for a smoke run. --hooks-only: the floor and the hooks only (no copy bandwidth,\n"
+            "no rowdiff).\n",
+            BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -165,7 +181,8 @@ static tovl_status upload_random_bf16(bench_run *run, size_t count, tovl_devptr 
 }
 
 static tovl_status time_one(bench_run *run, const char *kernel_name, tovl_kernel kernel, const char *label,
-                            const uint32_t grid[3], const void *args, size_t args_size, double bytes, double macs) {
+                            const uint32_t grid[3], const void *args, size_t args_size, double bytes, double macs,
+                            uint32_t T, int32_t rank) {
     if (!kernel) {
         return tovl_error(TOVL_ERR_KERNEL_MISSING, "bench: the backend has no %s kernel", kernel_name);
     }
@@ -178,6 +195,8 @@ static tovl_status time_one(bench_run *run, const char *kernel_name, tovl_kernel
     snprintf(row->label, sizeof row->label, "%s", label);
     row->bytes = bytes;
     row->macs = macs;
+    row->T = T;
+    row->rank = rank;
     fprintf(stderr, "bench: %s %s ...\n", kernel_name, label);
     tovl_status st = run->iface->time_kernel(run->ctx, kernel, grid, args, args_size, run->opt->batch,
                                              run->opt->repeats, &row->timing);
@@ -219,7 +238,7 @@ static tovl_status bench_rowdiff(bench_run *run) {
         char label[48];
         snprintf(label, sizeof label, "%ux%u bf16", o->rowdiff_rows, o->h);
         st = time_one(run, TOVL_KERNEL_ROWDIFF, run->k.rowdiff, label, (uint32_t[3]){o->rowdiff_rows, 1, 1}, &args,
-                      sizeof args, 2.0 * (double)bytes + 4.0 * o->rowdiff_rows, 0.0);
+                      sizeof args, 2.0 * (double)bytes + 4.0 * o->rowdiff_rows, 0.0, 0, -1);
     }
     tovl_free(run->be, da);
     tovl_free(run->be, db);
@@ -227,14 +246,15 @@ static tovl_status bench_rowdiff(bench_run *run) {
     return st;
 }
 
-/* The overlay set: slots x rows_per_slot embed rows and own lm_head rows. */
-static tovl_status build_set(bench_run *run, uint32_t *embed_ids, tovl_token_overlay_set **set) {
+/* The overlay set: slots x rows_per_slot embed rows and own lm_head rows;
+ * `slots` [o->slots] receives the overlays (the caller releases them). */
+static tovl_status build_set(bench_run *run, uint32_t *embed_ids, tovl_embed_overlay **slots,
+                             tovl_token_overlay_set **set) {
     const bench_options *o = run->opt;
     const size_t rows = o->rows_per_slot, row_elems = rows * o->h;
-    tovl_embed_overlay **slots = calloc(o->slots, sizeof *slots);
     uint32_t *lm_ids = malloc(rows * sizeof *lm_ids);
     uint16_t *data = malloc(2 * row_elems * sizeof *data);
-    tovl_status st = slots && lm_ids && data ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: host memory");
+    tovl_status st = lm_ids && data ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: host memory");
     for (uint32_t s = 0; s < o->slots && st == TOVL_OK; s++) {
         uint32_t *ids = embed_ids + s * rows;
         distinct_ids(&run->rng, o->vocab, (uint32_t)rows, ids);
@@ -251,12 +271,119 @@ static tovl_status build_set(bench_run *run, uint32_t *embed_ids, tovl_token_ove
         st = tovl_build_overlay(run->be, &run->k, &d, &slots[s]);
     }
     if (st == TOVL_OK) st = tovl_token_overlay_set_from_slots(run->be, slots, o->slots, false, set);
-    for (uint32_t s = 0; slots && s < o->slots; s++) {
-        tovl_embed_overlay_release(slots[s]);
-    }
-    free(slots);
     free(lm_ids);
     free(data);
+    return st;
+}
+
+/* --tp: the base value of every logits cell in the check, non-zero and the
+ * same in every column, so a shard's cells start as the unsharded buffer's:
+ * f32 1.00390625, or bf16 1.0 twice per word. */
+static uint32_t check_base(bool f32) {
+    return f32 ? 0x3F808000u : 0x3F803F80u;
+}
+
+/* --tp: the lm_head hook of `set` over a fresh [T, width] logits buffer of
+ * base cells, downloaded into `out`. */
+static tovl_status hook_logits(bench_run *run, const tovl_token_overlay_set *set, uint32_t T, uint32_t width,
+                               bool f32, tovl_devptr hidden, tovl_devptr slots, void *out) {
+    const size_t bytes = (size_t)T * width * (f32 ? 4 : 2), words = (bytes + 3) / 4 * 4;
+    tovl_devptr logits = 0;
+    tovl_status st = tovl_alloc(run->be, words, &logits);
+    if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, check_base(f32), words);
+    if (st == TOVL_OK) {
+        tovl_lmhead_hook_args a = {.logits = logits, .logits_dtype = f32 ? TOVL_LOGITS_F32 : TOVL_LOGITS_BF16,
+                                   .ld = width, .hidden = hidden, .slots = slots, .active_slot = -1, .T = T,
+                                   .hidden_size = run->opt->h};
+        st = tovl_lmhead_hook(set, &run->k, &a, NULL);
+    }
+    if (st == TOVL_OK) st = tovl_synchronize(run->be, NULL);
+    if (st == TOVL_OK) st = tovl_download(run->be, out, logits, bytes);
+    tovl_free(run->be, logits);
+    return st;
+}
+
+/* --tp: the shards' lm_head outputs, concatenated, equal the unsharded set's
+ * bit for bit (columns past the vocab, engine padding, stay the base). */
+static tovl_status check_shards(bench_run *run, const tovl_token_overlay_set *set,
+                                tovl_token_overlay_set *const *shards, uint32_t T, bool f32, tovl_devptr hidden,
+                                tovl_devptr slots) {
+    const bench_options *o = run->opt;
+    const size_t elem = f32 ? 4 : 2;
+    uint32_t start, padded;
+    tovl_status st = tovl_vocab_shard_range(o->vocab, 1, 0, 0, &start, &padded);
+    unsigned char *want = malloc((size_t)T * o->vocab * elem), *got = malloc((size_t)T * padded * elem);
+    if (st == TOVL_OK && (!want || !got)) {
+        st = tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory for the --tp check at T = %u", T);
+    }
+    if (st == TOVL_OK) st = hook_logits(run, set, T, o->vocab, f32, hidden, slots, want);
+    for (uint32_t r = 0; st == TOVL_OK && r < o->tp; r++) {
+        uint32_t end;
+        st = tovl_vocab_shard_range(o->vocab, o->tp, r, 0, &start, &end);
+        const uint32_t width = end - start, kept = (end < o->vocab ? end : o->vocab) - start;
+        if (st != TOVL_OK || !shards[r]) {
+            continue;
+        }
+        st = hook_logits(run, shards[r], T, width, f32, hidden, slots, got);
+        for (uint32_t t = 0; st == TOVL_OK && t < T; t++) {
+            const unsigned char *a = want + ((size_t)t * o->vocab + start) * elem, *b = got + (size_t)t * width * elem;
+            const uint32_t base = check_base(f32);
+            for (uint32_t j = 0; st == TOVL_OK && j < width; j++) {
+                const void *expect = j < kept ? (const void *)(a + (size_t)j * elem) : &base; /* padding: base */
+                if (memcmp(b + (size_t)j * elem, expect, elem) != 0) {
+                    st = tovl_error(TOVL_ERR_INTERNAL,
+                                    "bench --tp %u: %s logits at T = %u: rank %u [%u, %u), row %u column %u differs "
+                                    "from the unsharded set",
+                                    o->tp, f32 ? "f32" : "bf16", T, r, start, end, t, start + j);
+                }
+            }
+        }
+    }
+    free(want);
+    free(got);
+    if (st == TOVL_OK) {
+        run->tp_checked++;
+        fprintf(stderr, "bench: --tp %u at T = %u, %s logits: the shards concatenated equal the unsharded set\n",
+                o->tp, T, f32 ? "f32" : "bf16");
+    }
+    return st;
+}
+
+/* --tp: check the shards at this batch size, then time each rank's lm_head
+ * kernels on its own logits shard. */
+static tovl_status bench_shards_at(bench_run *run, const tovl_token_overlay_set *set,
+                                   tovl_token_overlay_set *const *shards, uint32_t T, uint32_t live,
+                                   tovl_devptr hidden, tovl_devptr slots) {
+    const bench_options *o = run->opt;
+    tovl_status st = TOVL_OK;
+    for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+        st = check_shards(run, set, shards, T, f32, hidden, slots);
+    }
+    for (uint32_t r = 0; r < o->tp && st == TOVL_OK; r++) {
+        const uint32_t max_n = tovl_token_overlay_set_max_n_override(shards[r]);
+        if (!shards[r] || max_n == 0) {
+            continue; /* no cell in this shard: the hook does not launch */
+        }
+        uint32_t start, end;
+        tovl_token_overlay_set_shard_range(shards[r], &start, &end);
+        const uint32_t width = end - start;
+        tovl_devptr logits = 0;
+        st = tovl_alloc(run->be, (size_t)T * width * 4, &logits);
+        if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, 0x3F80BF80u, (size_t)T * width * 4);
+        const tovl_overlay_tables tab = tovl_token_overlay_set_tables(shards[r]);
+        const double lm_cells = (double)live * max_n, lm_in = 2.0 * (T + (double)o->slots * max_n) * (double)o->h;
+        char label[48];
+        snprintf(label, sizeof label, "T=%u tp %u rank %u", T, o->tp, r);
+        for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+            tovl_lmhead_overlay_args l = {logits, hidden, slots, tab.lmhead_rows_table, tab.lmhead_ids_table,
+                                          tab.n_override_table, width, T, o->h, width, o->slots, -1, max_n};
+            st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
+                          f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label,
+                          (uint32_t[3]){T, max_n, 1}, &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2),
+                          lm_cells * (double)o->h, T, (int32_t)r);
+        }
+        tovl_free(run->be, logits);
+    }
     return st;
 }
 
@@ -432,7 +559,8 @@ static int write_dump(bench_run *run, const char *path) {
 }
 
 /* Both hooks' kernels over one batch of T rows. */
-static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, const uint32_t *embed_ids, uint32_t T) {
+static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, tovl_token_overlay_set *const *shards,
+                                  const uint32_t *embed_ids, uint32_t T) {
     const bench_options *o = run->opt;
     const size_t h = o->h, ld = o->vocab;
     uint32_t *ids = malloc(T * sizeof *ids);
@@ -463,7 +591,7 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, c
         tovl_embed_overlay_args e = {hidden, d_ids, d_slots, tab.embed_slot_map_table, tab.embed_rows_table,
                                      tab.embed_n_table, T, o->h, o->vocab, o->slots, -1, 0};
         st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, label, (uint32_t[3]){T, 1, 1}, &e,
-                      sizeof e, 4.0 * hits * (double)h, 0.0);
+                      sizeof e, 4.0 * hits * (double)h, 0.0, T, -1);
     }
     const uint32_t max_n = tovl_token_overlay_set_max_n_override(set);
     const double lm_cells = (double)live * max_n, lm_in = 2.0 * (T + (double)o->slots * max_n) * (double)h;
@@ -472,8 +600,11 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, c
                                       tab.n_override_table, ld, T, o->h, o->vocab, o->slots, -1, max_n};
         st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
                       f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label, (uint32_t[3]){T, max_n, 1},
-                      &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)h);
+                      &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)h, T, -1);
         if (st == TOVL_OK) st = dump_cells(run, logits, T, slots, set, f32);
+    }
+    if (st == TOVL_OK && o->tp > 1) {
+        st = bench_shards_at(run, set, shards, T, live, final_hidden, d_slots);
     }
     if (st == TOVL_OK && run->opt->dump) {
         char name[32];
@@ -509,14 +640,14 @@ static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
         tovl_embed_overlay_args e = {hidden, d_id, d_slot, tab.embed_slot_map_table, tab.embed_rows_table,
                                      tab.embed_n_table, 1, o->h, o->vocab, o->slots, -1, 0};
         st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, "idle T=1 slot -1",
-                      (uint32_t[3]){1, 1, 1}, &e, sizeof e, 0.0, 0.0);
+                      (uint32_t[3]){1, 1, 1}, &e, sizeof e, 0.0, 0.0, 1, -1);
     }
     const tovl_lmhead_overlay_args pushed = {0}; /* the probes push the largest argument struct */
     for (size_t i = 0; i < sizeof floor_probes / sizeof floor_probes[0] && st == TOVL_OK; i++) {
         const tovl_kernel probe = tovl_try_kernel(run->be, floor_probes[i]);
         if (probe) {
             st = time_one(run, floor_probes[i], probe, "empty shader", (uint32_t[3]){1, 1, 1}, &pushed,
-                          sizeof pushed, 0.0, 0.0);
+                          sizeof pushed, 0.0, 0.0, 0, -1);
         }
     }
     tovl_free(run->be, d_slot);
@@ -526,18 +657,32 @@ static tovl_status bench_floor(bench_run *run, tovl_token_overlay_set *set) {
 }
 
 static tovl_status bench_hooks(bench_run *run) {
-    uint32_t *embed_ids = malloc((size_t)run->opt->slots * run->opt->rows_per_slot * sizeof *embed_ids);
-    if (!embed_ids) {
-        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    const bench_options *o = run->opt;
+    uint32_t *embed_ids = malloc((size_t)o->slots * o->rows_per_slot * sizeof *embed_ids);
+    tovl_embed_overlay **slots = calloc(o->slots, sizeof *slots);
+    tovl_token_overlay_set *set = NULL, *shards[BENCH_MAX_TP] = {NULL};
+    tovl_status st = embed_ids && slots ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory");
+    if (st == TOVL_OK) st = build_set(run, embed_ids, slots, &set);
+    for (uint32_t r = 0; st == TOVL_OK && o->tp > 1 && r < o->tp; r++) {
+        uint32_t start, end;
+        st = tovl_vocab_shard_range(o->vocab, o->tp, r, 0, &start, &end);
+        if (st == TOVL_OK && start < o->vocab) { /* else padding only: no cell, no set */
+            st = tovl_token_overlay_set_from_slots_shard(run->be, slots, o->slots, false, start, end, &shards[r]);
+        }
     }
-    tovl_token_overlay_set *set = NULL;
-    tovl_status st = build_set(run, embed_ids, &set);
     if (st == TOVL_OK) st = bench_floor(run, set);
     if (st == TOVL_OK) st = dump_set(run, set);
-    for (uint32_t i = 0; i < run->opt->n_tokens && st == TOVL_OK; i++) {
-        st = bench_hooks_at(run, set, embed_ids, run->opt->tokens[i]);
+    for (uint32_t i = 0; i < o->n_tokens && st == TOVL_OK; i++) {
+        st = bench_hooks_at(run, set, shards, embed_ids, o->tokens[i]);
+    }
+    for (uint32_t r = 0; r < BENCH_MAX_TP; r++) {
+        tovl_token_overlay_set_destroy(shards[r]);
     }
     tovl_token_overlay_set_destroy(set);
+    for (uint32_t s = 0; slots && s < o->slots; s++) {
+        tovl_embed_overlay_release(slots[s]);
+    }
+    free(slots);
     free(embed_ids);
     return st;
 }
@@ -547,6 +692,37 @@ static tovl_status bench_hooks(bench_run *run) {
 /* ------------------------------------------------------------------------ */
 static double gbps_of(const bench_row *r) {
     return r->timing.batched_us > 0 ? r->bytes / (r->timing.batched_us * 1e-6) / 1e9 : 0.0;
+}
+
+/* --tp: per batch size and lm_head kernel, the unsharded graph time beside
+ * the slowest and the mean shard (the ranks run at once on their own GPUs,
+ * so the slowest is what a step waits for). */
+static void print_tp_summary(const bench_run *run) {
+    if (run->opt->tp < 2) {
+        return;
+    }
+    printf("\n--tp %u: the shards' outputs concatenated equal the unsharded set (%u checks)\n", run->opt->tp,
+           run->tp_checked);
+    for (size_t i = 0; i < run->n_rows; i++) {
+        const bench_row *u = &run->rows[i];
+        if (u->rank >= 0 || strncmp(u->kernel, "lmhead", 6) != 0) {
+            continue;
+        }
+        double slowest = 0, sum = 0;
+        uint32_t n = 0;
+        for (size_t j = 0; j < run->n_rows; j++) {
+            const bench_row *r = &run->rows[j];
+            if (r->rank >= 0 && r->T == u->T && strcmp(r->kernel, u->kernel) == 0) {
+                slowest = r->timing.batched_us > slowest ? r->timing.batched_us : slowest;
+                sum += r->timing.batched_us;
+                n++;
+            }
+        }
+        if (n > 0) {
+            printf("%-20s T=%-6u unsharded %9.2f us; %u shards: slowest %9.2f us (%.2f of unsharded), mean %9.2f us\n",
+                   u->kernel, u->T, u->timing.batched_us, n, slowest, slowest / u->timing.batched_us, sum / n);
+        }
+    }
 }
 
 static void print_table(const bench_run *run) {
@@ -564,6 +740,7 @@ static void print_table(const bench_run *run) {
         printf("%-20s %-24s %12.2f %10.2f %10.1f %8s %10s\n", r->kernel, r->label, r->timing.batched_us,
                r->timing.single_us, gbps_of(r), fraction, macs);
     }
+    print_tp_summary(run);
     if (run->copy_gbps > 0) {
         printf("\ndevice copy bandwidth: %.1f GB/s (read + written)\n", run->copy_gbps);
     } else {
@@ -585,6 +762,10 @@ static int write_json(const bench_run *run, const char *path) {
     cJSON_AddNumberToObject(root, "batch", o->batch);
     cJSON_AddNumberToObject(root, "repeats", o->repeats);
     cJSON_AddNumberToObject(root, "copy_gbps", run->copy_gbps);
+    if (o->tp > 1) {
+        cJSON_AddNumberToObject(root, "tp", o->tp);
+        cJSON_AddNumberToObject(root, "tp_checks_identical", run->tp_checked);
+    }
     cJSON *results = cJSON_AddArrayToObject(root, "results");
     for (size_t i = 0; i < run->n_rows; i++) {
         const bench_row *r = &run->rows[i];
@@ -597,6 +778,10 @@ static int write_json(const bench_run *run, const char *path) {
         cJSON_AddNumberToObject(x, "gbps", gbps_of(r));
         cJSON_AddNumberToObject(x, "copy_fraction", run->copy_gbps > 0 ? gbps_of(r) / run->copy_gbps : 0.0);
         cJSON_AddNumberToObject(x, "macs", r->macs);
+        if (o->tp > 1 && r->T > 0) {
+            cJSON_AddNumberToObject(x, "T", r->T);
+            cJSON_AddNumberToObject(x, "rank", r->rank); /* -1: the unsharded set */
+        }
         cJSON_AddItemToArray(results, x);
     }
     char *text = cJSON_Print(root);
@@ -651,7 +836,7 @@ static bool parse_tokens(const char *text, bench_options *o) {
 static int parse_options(int argc, char **argv, bench_options *o) {
     *o = (bench_options){.backend = "auto", .seed = tovl_conform_fresh_seed(), .batch = 100, .repeats = 20,
                          .rowdiff_rows = 152064, .h = 4096, .vocab = 152064, .slots = 8, .rows_per_slot = 64,
-                         .tokens = {512, 64}, .n_tokens = 2};
+                         .tokens = {512, 64}, .n_tokens = 2, .tp = 1};
     bool quick = false, tokens_given = false; /* --quick keeps the sizes --tokens gives */
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"quick", no_argument, NULL, 'q'},
@@ -663,6 +848,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                                          {"seed", required_argument, NULL, 's'},
                                          {"batch", required_argument, NULL, 'b'},
                                          {"repeats", required_argument, NULL, 'r'},
+                                         {"tp", required_argument, NULL, 'p'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -694,6 +880,11 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->seed = strtoull(value, &end, 0);
             if (*end || !*value) {
                 fprintf(stderr, "tovl bench: --seed '%s' is not a number\n", value);
+                return 2;
+            }
+        } else if (c == 'p') {
+            if (!parse_u32(value, &o->tp) || o->tp < 2 || o->tp > BENCH_MAX_TP) {
+                fprintf(stderr, "tovl bench: --tp '%s' is not a rank count in 2 .. %d\n", value, BENCH_MAX_TP);
                 return 2;
             }
         } else if (c == 'b' || c == 'r') {

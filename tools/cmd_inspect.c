@@ -1,10 +1,11 @@
-/* tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--json]
+/* tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--tp N] [--json]
  *
  * Describes an adapter folder: the format found, the tensors the overlay rows
  * come from, and, with --base, the overlaid ids of the embedding and of the
  * lm_head as PEFT computes them for that model (full matrices are compared
  * with the base on the backend, cpu by default), the tied-model rule applied
- * and the sizes. */
+ * and the sizes; with --tp N, how many lm_head cells each of N tensor-parallel
+ * ranks' shard sets holds (vLLM's split of the padded vocab). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,13 +14,15 @@
 #include <cJSON.h>
 
 #include "cli.h"
+#include "tovl/backend.h" /* tovl_error: host-side failures report like library ones */
 #include "tovl/tovl.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--json]\n"
+    fprintf(f, "usage: tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--tp N] [--json]\n"
                "  --base MODEL_DIR  resolve against this base model: overlaid ids, tied handling, sizes\n"
                "  --vocab N         the engine's padded vocab (default: config.json vocab_size)\n"
                "  --backend NAME    where full matrices are compared with the base (default cpu)\n"
+               "  --tp N            lm_head cells per shard of N tensor-parallel ranks (needs --base)\n"
                "  --json            machine-readable output\n");
 }
 
@@ -58,6 +61,50 @@ static void print_ids(const uint32_t *ids, uint32_t n) {
         printf(" ... (%u more)", n - shown);
     }
     printf("\n");
+}
+
+/* One tensor-parallel rank's lm_head shard. */
+typedef struct tp_shard {
+    uint32_t start, end; /* of the padded vocab */
+    uint32_t cells;      /* lm_head cells its shard set holds */
+    bool padding_only;   /* starts past the vocab: no cell, no set */
+} tp_shard;
+
+/* Each rank's shard set of the adapter's overlay in slot 0 (vLLM's split,
+ * pad 64): its grid.y is the cells it holds. */
+static tovl_status count_shard_cells(tovl_backend *be, const tovl_adapter_rows_info *ri, uint32_t tp,
+                                     tp_shard *shards) {
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_embed_overlay *ov = NULL;
+    tovl_status st = tovl_build_overlay(be, &k, &ri->desc, &ov);
+    for (uint32_t rank = 0; st == TOVL_OK && rank < tp; rank++) {
+        tp_shard *sh = &shards[rank];
+        st = tovl_vocab_shard_range(ri->desc.vocab, tp, rank, 0, &sh->start, &sh->end);
+        sh->padding_only = sh->start >= ri->desc.vocab;
+        if (st != TOVL_OK || sh->padding_only) {
+            continue;
+        }
+        tovl_token_overlay_set *set = NULL;
+        st = tovl_token_overlay_set_from_slots_shard(be, &ov, 1, ri->desc.tied, sh->start, sh->end, &set);
+        sh->cells = tovl_token_overlay_set_max_n_override(set);
+        tovl_token_overlay_set_destroy(set);
+    }
+    tovl_embed_overlay_release(ov);
+    return st;
+}
+
+static void print_shards(const tp_shard *shards, uint32_t tp, uint32_t hidden) {
+    printf("tp %u:%*svLLM's split of the padded vocab %u (pad %d), lm_head cells per shard:\n", tp,
+           tp < 10 ? 5 : tp < 100 ? 4 : 3, "", shards[tp - 1].end, TOVL_VOCAB_PAD_DEFAULT);
+    for (uint32_t r = 0; r < tp; r++) {
+        const tp_shard *sh = &shards[r];
+        printf("          rank %u [%u, %u): ", r, sh->start, sh->end);
+        if (sh->padding_only) {
+            printf("padding only, no cells\n");
+        } else {
+            printf("%u cells, %zu bytes of bf16 rows\n", sh->cells, (size_t)sh->cells * hidden * 2u);
+        }
+    }
 }
 
 static void print_text(const tovl_adapter_info *a, const tovl_model_info *mi, const tovl_adapter_rows_info *r,
@@ -118,7 +165,8 @@ static cJSON *ids_json(const uint32_t *ids, uint32_t n) {
     return arr;
 }
 
-static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, const tovl_adapter_rows_info *r) {
+static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, const tovl_adapter_rows_info *r,
+                      const tp_shard *shards, uint32_t tp) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "adapter", a->dir);
     cJSON_AddStringToObject(root, "format", a->format);
@@ -166,6 +214,23 @@ static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, con
         cJSON_AddNumberToObject(l, "bytes", d->has_lmhead ? (double)d->lmhead.count * d->hidden * 2.0 : 0.0);
         cJSON_AddItemToObject(l, "ids", ids_json(lids, ln));
         cJSON_AddStringToObject(l, "sources", d->has_lmhead ? r->lmhead_sources : (d->tied ? r->embed_sources : ""));
+        if (tp > 0) {
+            cJSON *t = cJSON_AddObjectToObject(root, "tp");
+            cJSON_AddNumberToObject(t, "world_size", tp);
+            cJSON_AddNumberToObject(t, "padded_vocab", shards[tp - 1].end);
+            cJSON_AddNumberToObject(t, "pad_multiple", TOVL_VOCAB_PAD_DEFAULT);
+            cJSON *arr = cJSON_AddArrayToObject(t, "shards");
+            for (uint32_t i = 0; arr && i < tp; i++) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddNumberToObject(o, "rank", i);
+                cJSON_AddNumberToObject(o, "start", shards[i].start);
+                cJSON_AddNumberToObject(o, "end", shards[i].end);
+                cJSON_AddBoolToObject(o, "padding_only", shards[i].padding_only);
+                cJSON_AddNumberToObject(o, "lmhead_cells", shards[i].cells);
+                cJSON_AddNumberToObject(o, "bytes", (double)shards[i].cells * d->hidden * 2.0);
+                cJSON_AddItemToArray(arr, o);
+            }
+        }
         cJSON *w = cJSON_AddArrayToObject(root, "warnings");
         for (size_t i = 0; w && i < r->warning_count; i++) {
             cJSON_AddItemToArray(w, cJSON_CreateString(r->warnings[i]));
@@ -184,13 +249,14 @@ static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, con
 
 int tovl_cmd_inspect(int argc, char **argv) {
     const char *adapter_dir = NULL, *base_dir = NULL, *backend_name = "cpu";
-    uint32_t padded = 0;
+    uint32_t padded = 0, tp = 0;
     bool json = false;
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"base", required_argument, NULL, 'b'},
                                          {"vocab", required_argument, NULL, 'v'},
                                          {"backend", required_argument, NULL, 'B'},
                                          {"json", no_argument, NULL, 'j'},
+                                         {"tp", required_argument, NULL, 't'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -214,6 +280,12 @@ int tovl_cmd_inspect(int argc, char **argv) {
                 return 2;
             }
             break;
+        case 't':
+            if (!parse_u32(optarg, &tp) || tp == 0 || tp > TOVL_CLI_TP_MAX) {
+                fprintf(stderr, "tovl inspect: --tp '%s' is not a rank count in 1 .. %d\n", optarg, TOVL_CLI_TP_MAX);
+                return 2;
+            }
+            break;
         default:
             return tovl_cli_bad_option("tovl inspect", c, argv, opts, usage);
         }
@@ -228,8 +300,13 @@ int tovl_cmd_inspect(int argc, char **argv) {
     if (tovl_cli_no_operands("tovl inspect", argc, argv, usage)) {
         return 2;
     }
+    if (tp > 0 && !base_dir) {
+        fprintf(stderr, "tovl inspect: --tp needs --base MODEL_DIR (the shards cut the model's vocab)\n");
+        return 2;
+    }
     tovl_adapter *adapter = NULL;
     tovl_model *model = NULL;
+    tp_shard *shards = NULL;
     tovl_backend *be = NULL;
     tovl_adapter_rows *rows = NULL;
     tovl_status st = tovl_adapter_open(adapter_dir, &adapter);
@@ -243,6 +320,11 @@ int tovl_cmd_inspect(int argc, char **argv) {
         tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
         st = tovl_adapter_resolve(be, &k, adapter, model, &rows);
     }
+    if (st == TOVL_OK && tp > 0) {
+        shards = calloc(tp, sizeof *shards);
+        st = shards ? count_shard_cells(be, tovl_adapter_rows_get_info(rows), tp, shards)
+                    : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "out of host memory for %u shards", tp);
+    }
     int rc;
     if (st != TOVL_OK) {
         fprintf(stderr, "tovl inspect: %s\n", tovl_last_error());
@@ -252,12 +334,16 @@ int tovl_cmd_inspect(int argc, char **argv) {
         const tovl_model_info *mi = model ? tovl_model_get_info(model) : NULL;
         const tovl_adapter_rows_info *ri = rows ? tovl_adapter_rows_get_info(rows) : NULL;
         if (json) {
-            rc = print_json(ai, mi, ri);
+            rc = print_json(ai, mi, ri, shards, tp);
         } else {
             print_text(ai, mi, ri, backend_name);
+            if (tp > 0) {
+                print_shards(shards, tp, mi->hidden);
+            }
             rc = 0;
         }
     }
+    free(shards);
     tovl_adapter_rows_free(rows);
     tovl_backend_close(be);
     tovl_model_close(model);

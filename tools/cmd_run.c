@@ -1,11 +1,14 @@
 /* tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE
- *          [--backend NAME] [--logits f32|bf16] [--vocab N]
+ *          [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N]
  *
  * Applies adapters to a batch the way an engine does: adapters go into slots
  * 0, 1, ... in order; the base embedding gather runs on the host, then the
  * embed hook on the backend; with `hidden` in the batch, the base lm_head
  * product runs on the host in f32 (the spec's dot order), then the lm_head
- * hook on the backend.
+ * hook on the backend. With --tp N the lm_head hook runs as N tensor-parallel
+ * ranks would: vLLM's split of the padded vocab (tovl_vocab_shard_range), one
+ * shard set per rank patching that rank's logits shard, the shards
+ * concatenated; the output is identical to --tp 1.
  *
  * Batch (safetensors): ids i32 [T]; optional slots i32 [T] (default 0, < 0 =
  * base model); optional hidden bf16 [T, hidden]. Other tensors are ignored,
@@ -27,12 +30,13 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE\n"
-               "                [--backend NAME] [--logits f32|bf16] [--vocab N]\n"
+               "                [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N]\n"
                "  adapters go into slots 0, 1, ... in order (at most %d)\n"
                "  batch: ids i32 [T]; optional slots i32 [T] (default 0, -1 = base model); optional hidden bf16 [T,h]\n"
                "  out:   embed bf16 [T,h]; logits [T,vocab] when hidden is given (default bf16)\n"
                "  --backend NAME  cpu (default), vulkan, cuda, hip or auto\n"
-               "  --vocab N       the engine's padded vocab (default: config.json vocab_size)\n",
+               "  --vocab N       the engine's padded vocab (default: config.json vocab_size)\n"
+               "  --tp N          the logits through N vocab shards (vLLM's split, pad 64), concatenated\n",
                MAX_ADAPTERS);
 }
 
@@ -42,6 +46,7 @@ typedef struct run_opts {
     uint32_t n_adapters;
     tovl_logits_dtype logits;
     uint32_t padded_vocab;
+    uint32_t tp; /* tensor-parallel ranks of the lm_head, >= 1 */
 } run_opts;
 
 /* 0: parsed; 1: --help shown; 2: bad usage (message printed). */
@@ -49,6 +54,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->backend = "cpu";
     o->logits = TOVL_LOGITS_BF16;
+    o->tp = 1;
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"base", required_argument, NULL, 'b'},
                                          {"adapter", required_argument, NULL, 'a'},
@@ -57,6 +63,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                                          {"backend", required_argument, NULL, 'k'},
                                          {"logits", required_argument, NULL, 'l'},
                                          {"vocab", required_argument, NULL, 'v'},
+                                         {"tp", required_argument, NULL, 't'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -88,15 +95,18 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "tovl run: --logits '%s': expected f32 or bf16\n", v);
                 return 2;
             }
-        } else if (c == 'v') {
+        } else if (c == 'v' || c == 't') {
             char *end;
             errno = 0;
             unsigned long long n = strtoull(v, &end, 10);
-            if (errno || end == v || *end || v[0] == '-' || n > UINT32_MAX) {
-                fprintf(stderr, "tovl run: --vocab '%s' is not a non-negative integer\n", v);
+            const bool tp = c == 't';
+            if (errno || end == v || *end || v[0] == '-' || n > UINT32_MAX || (tp && (n == 0 || n > TOVL_CLI_TP_MAX))) {
+                fprintf(stderr, tp ? "tovl run: --tp '%s' is not a rank count in 1 .. %d\n"
+                                   : "tovl run: --vocab '%s' is not a non-negative integer\n",
+                        v, TOVL_CLI_TP_MAX);
                 return 2;
             }
-            o->padded_vocab = (uint32_t)n;
+            *(tp ? &o->tp : &o->padded_vocab) = (uint32_t)n;
         } else {
             return tovl_cli_bad_option("tovl run", c, argv, opts, usage);
         }
@@ -239,7 +249,7 @@ typedef struct run_state {
     tovl_adapter *adapters[MAX_ADAPTERS];
     tovl_embed_overlay *overlays[MAX_ADAPTERS];
     tovl_token_overlay_set *set;
-    tovl_devptr d_embed, d_ids, d_slots, d_hidden, d_logits;
+    tovl_devptr d_embed, d_ids, d_slots, d_hidden;
     uint16_t *embed;
     void *logits;
     float *base_logits;
@@ -248,7 +258,7 @@ typedef struct run_state {
 
 static void run_free(run_state *r, uint32_t n) {
     if (r->be) {
-        tovl_devptr bufs[] = {r->d_embed, r->d_ids, r->d_slots, r->d_hidden, r->d_logits};
+        tovl_devptr bufs[] = {r->d_embed, r->d_ids, r->d_slots, r->d_hidden};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
             if (bufs[i]) {
                 tovl_free(r->be, bufs[i]);
@@ -310,8 +320,72 @@ static tovl_status run_embed(run_state *r, const batch *b) {
     return st;
 }
 
-/* The logits: base product on the host (f32), then the lm_head hook. */
-static tovl_status run_logits(run_state *r, const batch *b, tovl_logits_dtype dtype) {
+/* The lm_head hook of `set` on logits columns [start, end) of the served vocab,
+ * as one rank's logits shard [T, end - start] (columns past the vocab are
+ * engine padding: zero, and dropped again); the patched columns go back into
+ * r->logits. The unsharded set is the shard [0, vocab). */
+static tovl_status hook_columns(run_state *r, const batch *b, tovl_logits_dtype dtype,
+                                const tovl_token_overlay_set *set, uint32_t start, uint32_t end) {
+    const uint32_t vocab = tovl_model_get_info(r->model)->vocab, width = end - start;
+    const uint32_t kept = (end < vocab ? end : vocab) - start;
+    const size_t elem = dtype == TOVL_LOGITS_F32 ? 4u : 2u, bytes = (size_t)b->T * width * elem;
+    unsigned char *shard = calloc(bytes, 1), *all = r->logits;
+    if (!shard) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "out of host memory for [%u, %u] logits", b->T, width);
+    }
+    for (uint32_t t = 0; t < b->T; t++) {
+        memcpy(shard + (size_t)t * width * elem, all + ((size_t)t * vocab + start) * elem, (size_t)kept * elem);
+    }
+    tovl_devptr d_logits = 0;
+    tovl_status st = upload_new(r->be, shard, bytes, &d_logits);
+    if (st == TOVL_OK) {
+        tovl_lmhead_hook_args args = {.logits = d_logits, .logits_dtype = dtype, .ld = width,
+                                      .hidden = r->d_hidden, .slots = r->d_slots, .active_slot = -1,
+                                      .T = b->T, .hidden_size = tovl_model_get_info(r->model)->hidden};
+        st = tovl_lmhead_hook(set, &r->k, &args, NULL);
+    }
+    if (st == TOVL_OK) {
+        st = tovl_synchronize(r->be, NULL);
+    }
+    if (st == TOVL_OK) {
+        st = tovl_download(r->be, shard, d_logits, bytes);
+    }
+    for (uint32_t t = 0; st == TOVL_OK && t < b->T; t++) {
+        memcpy(all + ((size_t)t * vocab + start) * elem, shard + (size_t)t * width * elem, (size_t)kept * elem);
+    }
+    if (d_logits) {
+        tovl_free(r->be, d_logits);
+    }
+    free(shard);
+    return st;
+}
+
+/* The lm_head hook as `tp` ranks: vLLM's split of the padded vocab, one shard
+ * set per rank. A rank whose shard starts past the vocab holds padding only:
+ * it has no cell and no set. */
+static tovl_status hook_tensor_parallel(run_state *r, const batch *b, tovl_logits_dtype dtype, uint32_t tp) {
+    const tovl_model_info *mi = tovl_model_get_info(r->model);
+    tovl_status st = TOVL_OK;
+    for (uint32_t rank = 0; st == TOVL_OK && rank < tp; rank++) {
+        uint32_t start, end;
+        st = tovl_vocab_shard_range(mi->vocab, tp, rank, 0, &start, &end);
+        if (st != TOVL_OK || start >= mi->vocab) {
+            continue;
+        }
+        tovl_token_overlay_set *shard = NULL;
+        st = tovl_token_overlay_set_from_slots_shard(r->be, r->overlays, tovl_token_overlay_set_max_loras(r->set),
+                                                     mi->tied, start, end, &shard);
+        if (st == TOVL_OK) {
+            st = hook_columns(r, b, dtype, shard, start, end);
+        }
+        tovl_token_overlay_set_destroy(shard);
+    }
+    return st;
+}
+
+/* The logits: base product on the host (f32), then the lm_head hook (as `tp`
+ * tensor-parallel ranks when tp > 1). */
+static tovl_status run_logits(run_state *r, const batch *b, tovl_logits_dtype dtype, uint32_t tp) {
     const tovl_model_info *mi = tovl_model_get_info(r->model);
     size_t cells = (size_t)b->T * mi->vocab;
     size_t elem = dtype == TOVL_LOGITS_F32 ? 4u : 2u;
@@ -348,24 +422,12 @@ static tovl_status run_logits(run_state *r, const batch *b, tovl_logits_dtype dt
         return TOVL_OK;
     }
     size_t hidden_bytes = (size_t)b->T * mi->hidden * sizeof(uint16_t);
-    st = upload_new(r->be, r->logits, cells * elem, &r->d_logits);
-    if (st == TOVL_OK) {
-        st = upload_new(r->be, b->hidden_rows, hidden_bytes, &r->d_hidden);
-    }
+    st = upload_new(r->be, b->hidden_rows, hidden_bytes, &r->d_hidden);
     if (st == TOVL_OK && !r->d_slots) {
         st = upload_new(r->be, b->slots, (size_t)b->T * sizeof *b->slots, &r->d_slots);
     }
     if (st == TOVL_OK) {
-        tovl_lmhead_hook_args args = {.logits = r->d_logits, .logits_dtype = dtype, .ld = mi->vocab,
-                                      .hidden = r->d_hidden, .slots = r->d_slots, .active_slot = -1,
-                                      .T = b->T, .hidden_size = mi->hidden};
-        st = tovl_lmhead_hook(r->set, &r->k, &args, NULL);
-    }
-    if (st == TOVL_OK) {
-        st = tovl_synchronize(r->be, NULL);
-    }
-    if (st == TOVL_OK) {
-        st = tovl_download(r->be, r->logits, r->d_logits, cells * elem);
+        st = tp > 1 ? hook_tensor_parallel(r, b, dtype, tp) : hook_columns(r, b, dtype, r->set, 0, mi->vocab);
     }
     return st;
 }
@@ -429,7 +491,7 @@ int tovl_cmd_run(int argc, char **argv) {
     } else if (load_batch(o.batch, tovl_model_get_info(r.model), o.n_adapters, &b)) {
         st = run_embed(&r, &b);
         if (st == TOVL_OK && b.hidden) {
-            st = run_logits(&r, &b, o.logits);
+            st = run_logits(&r, &b, o.logits, o.tp);
         }
         if (st == TOVL_OK) {
             st = write_output(&o, &r, &b);
@@ -442,6 +504,9 @@ int tovl_cmd_run(int argc, char **argv) {
                    o.n_adapters == 1 ? "" : "s", b.T, b.T, mi->hidden);
             if (b.hidden) {
                 printf(", logits [%u, %u] %s", b.T, mi->vocab, o.logits == TOVL_LOGITS_F32 ? "f32" : "bf16");
+                if (o.tp > 1) {
+                    printf(" through %u vocab shards", o.tp);
+                }
             }
             printf(" -> %s\n", o.out);
             rc = 0;

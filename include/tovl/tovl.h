@@ -273,6 +273,65 @@ typedef struct tovl_overlay_tables {
 TOVL_API tovl_overlay_tables tovl_token_overlay_set_tables(const tovl_token_overlay_set *set);
 
 /* ------------------------------------------------------------------------ */
+/* Tensor parallelism: vocab-parallel shards                                 */
+/* ------------------------------------------------------------------------ */
+/* Under tensor parallelism (vLLM's VocabParallelEmbedding, ParallelLMHead)
+ * each rank computes the logits of one contiguous range of the vocabulary. A
+ * shard set patches only that range's cells, in the rank's logits shard; the
+ * shards' outputs concatenated equal one unsharded set's output bit for bit.
+ * docs/INTEGRATION.md (Tensor parallelism) names the attach points. */
+
+/* The pad multiple vLLM uses for the vocabulary (DEFAULT_VOCAB_PADDING_SIZE). */
+#define TOVL_VOCAB_PAD_DEFAULT 64
+
+/* vLLM's split of the vocabulary over `world_size` ranks: the vocabulary is
+ * padded up to a multiple of `pad_multiple` (vLLM: 64; 0 means 64) and cut
+ * into world_size equal ranges; rank r gets [start, end) of the padded vocab.
+ * When world_size does not divide the padded vocab (vLLM refuses such a split)
+ * the shards are ceil(padded / world_size) wide and the last one is shorter;
+ * a rank past the padded vocab then gets the empty range [padded, padded).
+ * A range that starts at or past `vocab` holds only padding (this happens
+ * only when vocab < world_size * pad_multiple): no overlay cell lies in it,
+ * so that rank builds no shard set and skips the lm_head hook.
+ * Errors: TOVL_ERR_INVALID_ARGUMENT (NULL start or end, vocab or world_size
+ * 0, rank >= world_size, a padded vocab above 2^32 - 1); *start and *end are
+ * then 0. */
+TOVL_API tovl_status tovl_vocab_shard_range(uint32_t vocab, uint32_t world_size, uint32_t rank,
+                                           uint32_t pad_multiple, uint32_t *start, uint32_t *end);
+
+/* A set for one vocab shard [vocab_start, vocab_end) of the served vocab (end
+ * may pass the overlays' vocab up to the padded vocab: cells past it are never
+ * overlaid). Its lm_head cells are the overlay ids inside the shard, written at
+ * column id - vocab_start of the rank's logits shard (the hook's ld must be >=
+ * vocab_end - vocab_start); it holds only that shard's lm_head rows on the
+ * device (copies it owns, with the ids already shifted, so the kernels are the
+ * unsharded ones; the overlays it retains keep their whole parts), and its
+ * grid.y (tovl_token_overlay_set_max_n_override) is the largest slot's count
+ * inside the shard. The embedding side is the full
+ * overlay: tovl_embed_hook on a shard set does exactly what it does on the
+ * unsharded set. Attach it after the embedding's all-reduce, where every rank
+ * holds whole hidden rows; a per-shard patch before the all-reduce is not
+ * offered, because it is not exact: the other ranks contribute +0.0 and
+ * -0.0 + +0.0 is +0.0, so an overlay row's -0.0 would be lost.
+ * The range rule: vocab_start < vocab_end, and vocab_start < the overlays'
+ * vocab (a shard that begins past the served vocab holds no cell); vocab_end
+ * has no upper bound of its own beyond the hook's ld (any engine padding is
+ * allowed). An empty pool accepts any non-empty range. Errors:
+ *   TOVL_ERR_INVALID_ARGUMENT: vocab_start >= vocab_end (names both), and the
+ *     errors of tovl_token_overlay_set_from_slots;
+ *   TOVL_ERR_ID_OUT_OF_RANGE: vocab_start >= the overlays' vocab (names both);
+ *   TOVL_ERR_VOCAB_MISMATCH / TOVL_ERR_SHAPE_MISMATCH as from_slots.
+ * tovl_token_overlay_set_vocab still answers the overlays' whole vocab. */
+TOVL_API tovl_status tovl_token_overlay_set_from_slots_shard(tovl_backend *backend,
+                                                             tovl_embed_overlay *const *overlays,
+                                                             uint32_t max_loras, bool tied, uint32_t vocab_start,
+                                                             uint32_t vocab_end, tovl_token_overlay_set **out);
+/* The shard a set covers: [0, vocab) for an unsharded set ([0, 0) for a NULL
+ * set or an unsharded empty pool). Either pointer may be NULL. */
+TOVL_API void tovl_token_overlay_set_shard_range(const tovl_token_overlay_set *set, uint32_t *vocab_start,
+                                                 uint32_t *vocab_end);
+
+/* ------------------------------------------------------------------------ */
 /* Forward hooks                                                             */
 /* ------------------------------------------------------------------------ */
 /* Either a per-row slot array (i32, < 0 or >= max_loras = no adapter), or, when
@@ -297,7 +356,7 @@ typedef enum tovl_logits_dtype {
 typedef struct tovl_lmhead_hook_args {
     tovl_devptr logits;       /* [T, ld] of logits_dtype, patched in place */
     tovl_logits_dtype logits_dtype;
-    uint64_t ld;              /* row stride in elements, >= the set's vocab */
+    uint64_t ld;              /* row stride in elements, >= the set's vocab (a shard set: >= its shard's width) */
     tovl_devptr hidden;       /* bf16 [T, hidden_size] final hidden states */
     tovl_devptr slots;        /* i32 [T] per logits row, or 0 */
     int32_t active_slot;

@@ -27,16 +27,13 @@ if [ ! -x "$build/tests/test_hostile" ]; then
   exit 1
 fi
 step devices "$build/tools/tovl" devices
-present=$(awk '$2 ~ /^present/ {print $1}' "$out/devices.log" | grep -v '^cpu$' | tr '\n' ' ')
+present=$(present_backends | sed 's/\bcpu //')
 echo "hardening: GPU backends present: ${present:-none}"
 
 # 1. Hostile batches on every backend present; absent ones skip by design.
 step_skip_ok=1 step hostile env TOVL_TEST_SEED="$fresh_seed" "$build/tests/test_hostile" --jobs 2 --verbose
-for b in $present; do
-  if ! grep -q "hostile: on $b " "$out/hostile.log"; then
-    summary+=("FAIL  hostile: $b is present but test_hostile did not run on it")
-  fi
-done
+# shellcheck disable=SC2086 # one word per backend
+expect_ran_on hostile hostile $present
 
 # 2. Fault injection.
 step faults env TOVL_TEST_SEED="$fresh_seed" "$build/tests/test_faults" --jobs 2

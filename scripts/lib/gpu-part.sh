@@ -33,3 +33,19 @@ step() {
   fi
   tail -n "${step_tail:-8}" "$out/$name.log"
 }
+
+# present_backends: the backends $out/devices.log (a `tovl devices` step named
+# devices) lists as present, space-separated.
+present_backends() {
+  awk '$2 ~ /^present/ {print $1}' "$out/devices.log" | tr '\n' ' '
+}
+
+# expect_ran_on LOG TAG BACKEND...: a FAIL line for each BACKEND on which the
+# test behind $out/LOG.log did not say "TAG: on BACKEND " (it skipped there).
+expect_ran_on() {
+  local log=$1 tag=$2 b; shift 2
+  for b in "$@"; do
+    grep -q "$tag: on $b " "$out/$log.log" ||
+      summary+=("FAIL  $log: $b is present but the test did not run on it")
+  done
+}
