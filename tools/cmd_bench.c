@@ -16,7 +16,14 @@
  * rows differ, in one element, so the rest must be read whole); the embed and
  * lm_head hooks at T = 512 and T = 64 (--tokens: other batch sizes), h = 4096,
  * 8 slots x 64 overlay rows, vocab 152064, a mixed batch (each row's slot
- * random, 1 in 16 none; half the embed ids overlaid).
+ * random, 1 in 16 none; half the embed ids overlaid); and an idle dispatch:
+ * embed_overlay over one row whose slot is -1, which only launches and exits
+ * (the per-hook floor of a batch with no overlay).
+ *
+ * --cuda-image FILE opens the CUDA backend on the kernels of FILE (a cubin,
+ * fatbin or PTX, through tovl_cuda_backend_open_image) instead of its own,
+ * so another port's kernel source compiled for NVIDIA, e.g. the HIP port's
+ * (hip_on_cuda.h), is timed with the same workload and clock.
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -27,6 +34,7 @@
 #include "cli.h"
 #include "conform.h"
 #include "tovl/backend.h"
+#include "tovl/tovl_cuda.h"
 
 /* Batch sizes one run may time (--tokens). */
 #define BENCH_MAX_SIZES 8
@@ -34,7 +42,7 @@
 #define BENCH_MAX_T 65536u
 
 typedef struct bench_options {
-    const char *backend, *json;
+    const char *backend, *json, *cuda_image;
     uint64_t seed;
     uint32_t batch, repeats;
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
@@ -56,7 +64,7 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    bench_row rows[1 + 3 * BENCH_MAX_SIZES]; /* rowdiff, then 3 hooks per size */
+    bench_row rows[2 + 3 * BENCH_MAX_SIZES]; /* rowdiff, the idle dispatch, then 3 hooks per size */
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
@@ -65,13 +73,15 @@ typedef struct bench_run {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--quick]\n\n"
+            "                  [--tokens T[,T...]] [--quick] [--cuda-image FILE]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a GPU backend (default: auto) with the device's clock:\n"
             "the median per-launch time of --batch (100) launches recorded once and replayed,\n"
             "the median single launch, GB/s and the fraction of the device copy bandwidth,\n"
             "medians over --repeats (20). --tokens: the hooks' batch sizes instead (up to %d,\n"
-            "each 1 .. %u). --quick: small sizes, for a smoke run.\n"
+            "each 1 .. %u). --quick: small sizes, for a smoke run. --cuda-image FILE: the CUDA\n"
+            "backend on the kernels of FILE (cubin, fatbin or PTX) instead of its own, e.g. another\n"
+            "port's source compiled for NVIDIA.\n"
             "Backends without a clock on the device (cpu) are refused.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T);
 }
@@ -278,6 +288,28 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, c
     return st;
 }
 
+/* The idle dispatch: embed_overlay over one row of slot -1 (nothing to copy). */
+static tovl_status bench_idle(bench_run *run, tovl_token_overlay_set *set) {
+    const bench_options *o = run->opt;
+    const int32_t slot = -1;
+    const uint32_t id = 0;
+    tovl_devptr d_ids = 0, d_slots = 0, hidden = 0;
+    tovl_status st = upload_new(run->be, &id, sizeof id, &d_ids);
+    if (st == TOVL_OK) st = upload_new(run->be, &slot, sizeof slot, &d_slots);
+    if (st == TOVL_OK) st = upload_random_bf16(run, o->h, &hidden);
+    if (st == TOVL_OK) {
+        const tovl_overlay_tables tab = tovl_token_overlay_set_tables(set);
+        tovl_embed_overlay_args e = {hidden, d_ids, d_slots, tab.embed_slot_map_table, tab.embed_rows_table,
+                                     tab.embed_n_table, 1, o->h, o->vocab, o->slots, -1, 0};
+        st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, "idle: T=1 slot -1",
+                      (uint32_t[3]){1, 1, 1}, &e, sizeof e, 0.0, 0.0);
+    }
+    tovl_free(run->be, d_ids);
+    tovl_free(run->be, d_slots);
+    tovl_free(run->be, hidden);
+    return st;
+}
+
 static tovl_status bench_hooks(bench_run *run) {
     uint32_t *embed_ids = malloc((size_t)run->opt->slots * run->opt->rows_per_slot * sizeof *embed_ids);
     if (!embed_ids) {
@@ -285,6 +317,7 @@ static tovl_status bench_hooks(bench_run *run) {
     }
     tovl_token_overlay_set *set = NULL;
     tovl_status st = build_set(run, embed_ids, &set);
+    if (st == TOVL_OK) st = bench_idle(run, set);
     for (uint32_t i = 0; i < run->opt->n_tokens && st == TOVL_OK; i++) {
         st = bench_hooks_at(run, set, embed_ids, run->opt->tokens[i]);
     }
@@ -412,6 +445,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                                          {"seed", required_argument, NULL, 's'},
                                          {"batch", required_argument, NULL, 'b'},
                                          {"repeats", required_argument, NULL, 'r'},
+                                         {"cuda-image", required_argument, NULL, 'i'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -434,6 +468,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->backend = value;
         } else if (c == 'j') {
             o->json = value;
+        } else if (c == 'i') {
+            o->cuda_image = value;
         } else if (c == 's') {
             char *end;
             o->seed = strtoull(value, &end, 0);
@@ -462,6 +498,37 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     return -1; /* go on */
 }
 
+/* --cuda-image: the CUDA backend on the kernels of a file; 0 when opened. */
+static int open_cuda_image(const char *path, tovl_backend **be) {
+    FILE *f = fopen(path, "rb");
+    char *image = NULL;
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        size = ftell(f);
+    }
+    if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+        image = malloc((size_t)size + 1); /* a NUL after PTX text */
+    }
+    const bool read = image && fread(image, 1, (size_t)size, f) == (size_t)size;
+    if (f) {
+        fclose(f);
+    }
+    if (!read) {
+        fprintf(stderr, "tovl bench: cannot read --cuda-image '%s'\n", path);
+        free(image);
+        return 2;
+    }
+    image[size] = '\0';
+    const char *slash = strrchr(path, '/');
+    tovl_status st = tovl_cuda_backend_open_image(image, (size_t)size + 1, slash ? slash + 1 : path, be);
+    free(image);
+    if (st != TOVL_OK) {
+        fprintf(stderr, "tovl bench: cannot open the cuda backend on '%s': %s\n", path, tovl_last_error());
+        return 2;
+    }
+    return 0;
+}
+
 int tovl_cmd_bench(int argc, char **argv) {
     bench_options o;
     int rc = parse_options(argc, argv, &o);
@@ -469,7 +536,15 @@ int tovl_cmd_bench(int argc, char **argv) {
         return rc;
     }
     bench_run run = {.opt = &o, .rng = o.seed};
-    if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {
+    if (o.cuda_image) {
+        if (strcmp(o.backend, "auto") != 0 && strcmp(o.backend, "cuda") != 0) {
+            fprintf(stderr, "tovl bench: --cuda-image runs on the cuda backend, not '%s'\n", o.backend);
+            return 2;
+        }
+        if (open_cuda_image(o.cuda_image, &run.be) != 0) {
+            return 2;
+        }
+    } else if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {
         fprintf(stderr, "tovl bench: cannot open backend '%s': %s\n", o.backend, tovl_last_error());
         return 2;
     }
