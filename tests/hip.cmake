@@ -87,7 +87,8 @@ endif()
 # HIP compiler and no GPU, only a C++ compiler.
 if(TARGET tovl_cuda_emu)
   set(hip_emu_dir ${PROJECT_SOURCE_DIR}/backends/hip/emu)
-  add_library(tovl_hip_emu STATIC ${hip_emu_dir}/hip_emu_kernels.cpp ${hip_emu_dir}/hip_emu_backend.c)
+  add_library(tovl_hip_emu STATIC ${hip_emu_dir}/hip_emu_kernels.cpp
+    ${hip_emu_dir}/hip_emu_kernels_tiles.cpp ${hip_emu_dir}/hip_emu_backend.c)
   if(NOT TOVL_HAVE_HIP)
     # The library has the HIP geometry only when it builds the HIP backend.
     target_sources(tovl_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends/hip/hip_geometry.c)

@@ -335,8 +335,20 @@ __device__ static inline float lmhead_tree(float (&acc)[LANES]) {
     return acc[0];
 }
 
+/* The logit cell (t, id) as bf16, or as f32 bits with every NaN canonical. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
+__device__ static inline void store_logit(const tovl_lmhead_overlay_args &args, uint32_t t, uint32_t id, float v) {
+    const size_t at = (size_t)t * args.ld + id;
+    if (F32_LOGITS) {
+        ptr<uint32_t>(args.logits)[at] = f32_out_bits(v);
+    } else {
+        ptr<uint16_t>(args.logits)[at] = f32_to_bf16(v);
+    }
+}
+
+/* Small batches: block (t, y) is token t. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
     __shared__ uint4 xs[X_CHUNK / 8]; /* the staged part of hidden[t] */
     const uint32_t t = blockIdx.x;
     if (t >= args.T) {
@@ -406,13 +418,210 @@ __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
         }
         const float v = lmhead_tree(acc);
         if (live && lane == 0 && id < args.vocab) {
-            const size_t at = (size_t)t * args.ld + id;
-            if (F32_LOGITS) {
-                ptr<uint32_t>(args.logits)[at] = f32_out_bits(v);
-            } else {
-                ptr<uint16_t>(args.logits)[at] = f32_to_bf16(v);
+            store_logit<F32_LOGITS>(args, t, id, v);
+        }
+    }
+}
+
+/* ---- Larger batches: tiles of up to TILE_ROWS rows of one slot. ---- */
+constexpr uint32_t TILE_ROWS = 8;         /* rows of one slot a block takes */
+constexpr uint32_t TILE_X_CHUNK = 1024;   /* elements of each row staged at a time: 16 KiB of LDS */
+static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_X_CHUNK / 8) % BLOCK == 0, "whole jobs");
+
+/* Inclusive prefix sum of v over the block's threads (in thread order) and
+ * the block's total; every thread calls it. Through LDS with a barrier per
+ * step, so it does not depend on the wavefront width. */
+__device__ static inline uint32_t block_scan(uint32_t v, uint32_t (&scratch)[BLOCK], uint32_t &total) {
+    const uint32_t tid = threadIdx.x;
+    __syncthreads(); /* scratch is free */
+    scratch[tid] = v;
+    __syncthreads();
+    for (uint32_t d = 1; d < BLOCK; d *= 2) {
+        const uint32_t add = tid >= d ? scratch[tid - d] : 0u;
+        __syncthreads();
+        scratch[tid] += add;
+        __syncthreads();
+    }
+    total = scratch[BLOCK - 1];
+    return scratch[tid];
+}
+
+/* Which (slot, group of TILE_ROWS rows) block x does for the overlay rows
+ * from k0: the x-th, counting the groups of every slot with overlay rows
+ * past k0, slot by slot, BLOCK slots at a time. False: x is past them. */
+__device__ static bool lmhead_pick(const tovl_lmhead_overlay_args &args, uint32_t x, uint32_t k0, uint32_t &slot,
+                                   uint32_t &group) {
+    __shared__ uint32_t count[BLOCK], scratch[BLOCK], pick[3];
+    const uint32_t tid = threadIdx.x;
+    uint32_t before = 0; /* groups of the windows before; the same in every thread */
+    for (uint32_t base = 0; base < args.max_loras; base += BLOCK) {
+        __syncthreads(); /* the previous window's counts and pick are read */
+        count[tid] = 0;
+        if (tid == 0) {
+            pick[0] = 0;
+        }
+        __syncthreads();
+        for (uint32_t t = tid; t < args.T; t += BLOCK) {
+            const int32_t s = row_slot(args.row_slots, args.active_slot, t);
+            if (s >= 0 && (uint32_t)s < args.max_loras && (uint32_t)s - base < BLOCK) {
+                atomicAdd(&count[(uint32_t)s - base], 1u);
             }
         }
+        __syncthreads();
+        const uint32_t s = base + tid;
+        uint32_t groups = 0;
+        if (s < args.max_loras) {
+            const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
+            const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+            groups = n > k0 ? (count[tid] + TILE_ROWS - 1) / TILE_ROWS : 0u;
+        }
+        uint32_t total;
+        const uint32_t end = before + block_scan(groups, scratch, total);
+        if (groups > 0 && x >= end - groups && x < end) {
+            pick[0] = 1;
+            pick[1] = s;
+            pick[2] = x - (end - groups);
+        }
+        __syncthreads();
+        if (pick[0]) {
+            slot = pick[1];
+            group = pick[2];
+            return true;
+        }
+        before += total;
+    }
+    return false;
+}
+
+/* Rows g * TILE_ROWS .. + TILE_ROWS of slot s, in increasing t, into rows;
+ * returns how many there are. */
+__device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &args, uint32_t s, uint32_t g,
+                                             uint32_t (&rows)[TILE_ROWS]) {
+    __shared__ uint32_t scratch[BLOCK];
+    const uint32_t tid = threadIdx.x, first = g * TILE_ROWS;
+    uint32_t found = 0; /* rows of slot s before this pass; the same in every thread */
+    for (uint32_t base = 0; base < args.T && found < first + TILE_ROWS; base += BLOCK) {
+        const uint32_t t = base + tid;
+        const bool mine = t < args.T && row_slot(args.row_slots, args.active_slot, t) == (int32_t)s;
+        uint32_t total;
+        const uint32_t rank = found + block_scan(mine ? 1u : 0u, scratch, total) - 1u;
+        if (mine && rank >= first && rank < first + TILE_ROWS) {
+            rows[rank - first] = t;
+        }
+        found += total;
+    }
+    __syncthreads(); /* rows are written */
+    return found > first ? (found - first < TILE_ROWS ? found - first : TILE_ROWS) : 0u;
+}
+
+/* Block (x, y): the x-th group of up to TILE_ROWS rows of one slot (in
+ * increasing t; lmhead_pick) times overlay rows 8 y .. 8 y + 7 of that
+ * slot, a row group per overlay row. The group's hidden rows are staged in
+ * LDS, TILE_X_CHUNK elements of each at a time, so each overlay row is read
+ * once for up to TILE_ROWS rows and each hidden row once for 8 overlay rows.
+ * Each dot takes the order of lmhead_rows (thread p: lanes 8p .. 8p + 7;
+ * the same tree). The grid has a block per row (x < T), more than the
+ * groups can number: a block past ceil(T / TILE_ROWS) + min(max_loras, T),
+ * a bound on them, leaves at once. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
+    __shared__ uint4 xs[TILE_ROWS][TILE_X_CHUNK / 8];
+    __shared__ uint32_t rows_of[TILE_ROWS];
+    const uint32_t x = blockIdx.x;
+    const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
+    if (x >= bound) {
+        return; /* the whole block: no group can be this one */
+    }
+    const uint32_t h = args.h;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP, first = LANES * lane;
+    uint32_t s, g;
+    if (!lmhead_pick(args, x, blockIdx.y * LMHEAD_ROWS, s, g)) {
+        return; /* uniform: x is past the batch's groups */
+    }
+    const uint32_t len = lmhead_group_rows(args, s, g, rows_of);
+    const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
+    const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+    const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
+    const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
+    const uint16_t *hidden = ptr<const uint16_t>(args.hidden);
+    const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
+        const uint32_t k = k0 + cell;
+        const bool live = k < n;
+        const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
+        const uint32_t id = live ? ids[k] : UINT32_MAX;
+        float acc[TILE_ROWS][LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t m = 0; m < TILE_ROWS; m++) {
+            TOVL_HIP_UNROLL
+            for (uint32_t i = 0; i < LANES; i++) {
+                acc[m][i] = 0.0f;
+            }
+        }
+        for (uint32_t c0 = 0; c0 < h; c0 += TILE_X_CHUNK) {
+            __syncthreads(); /* the previous chunk is read */
+            for (uint32_t v = threadIdx.x; v < TILE_ROWS * TILE_X_CHUNK / 8; v += BLOCK) {
+                const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
+                uint4 value = {0, 0, 0, 0};
+                if (m < len) {
+                    value = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
+                }
+                xs[m][col] = value;
+            }
+            __syncthreads();
+            if (!live) {
+                continue;
+            }
+            const uint32_t rounds =
+                (h - c0 < TILE_X_CHUNK ? h - c0 + TOVL_DOT_LANES - 1 : TILE_X_CHUNK) / TOVL_DOT_LANES;
+            constexpr uint32_t CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES;
+            uint4 wv[CHUNK_ROUNDS];
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
+                const uint32_t e = c0 + j * TOVL_DOT_LANES + first;
+                if (j < rounds && e < h) {
+                    wv[j] = load8_bf16(w, e, h, vectors);
+                }
+            }
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
+                const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
+                if (j >= rounds || e >= h) {
+                    continue;
+                }
+                TOVL_HIP_UNROLL
+                for (uint32_t m = 0; m < TILE_ROWS; m++) {
+                    if (m < len) {
+                        const uint4 xv = xs[m][at / 8];
+                        TOVL_HIP_UNROLL
+                        for (uint32_t i = 0; i < LANES; i++) {
+                            if (e + i < h) {
+                                acc[m][i] = __fadd_rn(acc[m][i], __fmul_rn(bf16_of(xv, i), bf16_of(wv[j], i)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t m = 0; m < TILE_ROWS; m++) {
+            if (m < len) { /* block-uniform: the shuffles see the whole wavefront */
+                const float v = lmhead_tree(acc[m]);
+                if (live && lane == 0 && id < args.vocab) {
+                    store_logit<F32_LOGITS>(args, rows_of[m], id, v);
+                }
+            }
+        }
+    }
+}
+
+/* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
+    if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
+        lmhead_tiles<F32_LOGITS>(args);
+    } else {
+        lmhead_rows<F32_LOGITS>(args);
     }
 }
 

@@ -24,4 +24,13 @@
  * group each; grid.y = ceil(max_n / this). */
 #define TOVL_HIP_LMHEAD_ROWS_PER_BLOCK (TOVL_HIP_BLOCK_THREADS / TOVL_HIP_GROUP_THREADS)
 
+/* lmhead_overlay_*: from this many rows T on, block x of the same grid
+ * takes the x-th group of up to 8 rows of one slot (tiles: each overlay row
+ * read once per group rather than once per row); below it, block x is token
+ * x. A choice on the device from the arguments alone, so the grid and the
+ * launch are the same either way. */
+#ifndef TOVL_HIP_LMHEAD_TILE_MIN_T /* the kernel emulation also builds the kernels with 1: tiles always */
+#define TOVL_HIP_LMHEAD_TILE_MIN_T 64
+#endif
+
 #endif

@@ -14,6 +14,7 @@
 typedef struct hip_emu_ctx {
     tovl_backend *host; /* the CPU backend: allocation and copies */
     unsigned warp;
+    bool lmhead_tiles;
     uint64_t seed, launches;
     char device[96], subgroup[8];
 } hip_emu_ctx;
@@ -77,7 +78,8 @@ static tovl_status hip_emu_launch(void *ctx, tovl_kernel kernel, const uint32_t 
         return st;
     }
     const uint32_t block[3] = {TOVL_HIP_BLOCK_THREADS, 1, 1};
-    return tovl_hip_emu_launch(tovl_hip_kernel_names[k], blocks, block, args, c->seed + c->launches++, c->warp);
+    return tovl_hip_emu_launch(tovl_hip_kernel_names[k], blocks, block, args, c->seed + c->launches++, c->warp,
+                               c->lmhead_tiles);
 }
 
 static tovl_status hip_emu_synchronize(void *ctx, void *stream) {
@@ -102,7 +104,7 @@ static const tovl_backend_iface hip_emu_iface = {
     .synchronize = hip_emu_synchronize,
 };
 
-tovl_status tovl_hip_emu_backend_open(unsigned warp, uint64_t seed, tovl_backend **out) {
+tovl_status tovl_hip_emu_backend_open(unsigned warp, bool lmhead_tiles, uint64_t seed, tovl_backend **out) {
     *out = NULL;
     if (warp != 32 && warp != 64) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "hip-emu: warp width %u (32 or 64)", warp);
@@ -117,8 +119,10 @@ tovl_status tovl_hip_emu_backend_open(unsigned warp, uint64_t seed, tovl_backend
         return st;
     }
     c->warp = warp;
+    c->lmhead_tiles = lmhead_tiles;
     c->seed = seed;
     snprintf(c->subgroup, sizeof c->subgroup, "%u", warp);
-    snprintf(c->device, sizeof c->device, "HIP kernels emulated on the host (wave%u)", warp);
+    snprintf(c->device, sizeof c->device, "HIP kernels emulated on the host (wave%u%s)", warp,
+             lmhead_tiles ? ", lm_head tiles at every T" : "");
     return tovl_backend_create(&hip_emu_iface, c, out);
 }
