@@ -7,9 +7,10 @@
  * the work is split into row groups of 32 threads (token_overlay_shape.h), a
  * whole wavefront on RDNA and half of one on CDNA, and every cross-lane step
  * stays inside its group: ballots are read at warpSize and cut to the
- * group's 32 bits, shuffles run with width 32. No dot-product lane or
- * pairing of the spec's tree depends on the width. Shared memory (LDS) use is
- * 8 KiB a block, far below the 64 KiB a workgroup may have; nothing relies on
+ * group's 32 bits, shuffles run with width 32, block-wide counts and prefix
+ * sums go through LDS. No dot-product lane or pairing of the spec's tree
+ * depends on the width. Shared memory (LDS) use is at most 27 KiB a block
+ * (lm_head), below the 64 KiB a workgroup may have; nothing relies on
  * asynchronous copies (AMD has no cp.async).
  *
  * Arithmetic: each product and each sum is its own f32 operation, rounded to
