@@ -652,7 +652,9 @@ Test(vulkan, bench_cli_times_the_batch_sizes_it_is_given, .timeout = 300) {
     text[n] = '\0';
     fclose(f);
     unlink(json_path);
-    cr_expect_eq(count_of(text, "\"graph_us\""), 7, "rowdiff and three hooks at each of two sizes:\n%s", text);
+    cr_expect_eq(count_of(text, "\"graph_us\""), 8, "rowdiff, the idle dispatch and three hooks at each of two sizes:\n%s",
+                 text);
+    cr_expect_eq(count_of(text, "\"idle: T=1 slot -1\""), 1, "%s", text);
     cr_expect_eq(count_of(text, "\"T=12 h="), 3, "%s", text);
     cr_expect_eq(count_of(text, "\"T=5 h="), 3, "%s", text);
     cr_expect_eq(count_of(text, "\"T=64 h="), 0, "--quick's sizes are replaced by --tokens: %s", text);
