@@ -81,3 +81,26 @@ if(TOVL_NVCC)
 else()
   message(STATUS "tovl: test_hip_on_cuda left out: no nvcc found")
 endif()
+
+# The HIP port's source on the host: the kernel emulation of tests/cuda.cmake
+# (tovl_cuda_emu) runs token_overlay.hip at warp widths 64 and 32. Needs no
+# HIP compiler and no GPU, only a C++ compiler.
+if(TARGET tovl_cuda_emu)
+  set(hip_emu_dir ${PROJECT_SOURCE_DIR}/backends/hip/emu)
+  add_library(tovl_hip_emu STATIC ${hip_emu_dir}/hip_emu_kernels.cpp
+    ${hip_emu_dir}/hip_emu_kernels_tiles.cpp ${hip_emu_dir}/hip_emu_backend.c)
+  if(NOT TOVL_HAVE_HIP)
+    # The library has the HIP geometry only when it builds the HIP backend.
+    target_sources(tovl_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends/hip/hip_geometry.c)
+  endif()
+  target_link_libraries(tovl_hip_emu PUBLIC tovl_cuda_emu)
+  target_include_directories(tovl_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends/hip)
+  set_target_properties(tovl_hip_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+  target_compile_options(tovl_hip_emu PRIVATE $<$<COMPILE_LANGUAGE:C>:${TOVL_C_FLAGS}>
+                                              $<$<COMPILE_LANGUAGE:CXX>:${emu_cxx_flags}>)
+  tovl_add_test(test_hip_emu test_hip_emu.c)
+  target_link_libraries(test_hip_emu PRIVATE tovl_cuda_testutil tovl_conform tovl_hip_emu)
+  target_include_directories(test_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends)
+else()
+  message(STATUS "tovl: test_hip_emu left out: the kernel emulation (tests/cuda.cmake) needs a C++ compiler")
+endif()

@@ -92,6 +92,8 @@ Test(cli_errors, unknown_options_are_named) {
     expect_usage_error("devices extra", "unexpected argument 'extra'");
     expect_usage_error("conform extra", "unexpected argument 'extra'");
     expect_usage_error("bench extra", "unexpected argument 'extra'");
+    expect_usage_error("bench --cuda-image /nonexistent/kernels.cubin", "'/nonexistent/kernels.cubin'");
+    expect_usage_error("bench --backend vulkan --cuda-image /dev/null", "not 'vulkan'");
     expect_usage_error("inspect " ADAPTER " extra", "unexpected argument 'extra'");
     expect_usage_error("run --base " BASE " --batch " BATCH " --out /dev/null extra", "unexpected argument 'extra'");
     expect_usage_error("conform --verbose=1", "option '--verbose' takes no value");

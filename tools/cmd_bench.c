@@ -32,6 +32,11 @@
  * pipeline bind and push constants each time (bind), exactly as a hook launch
  * (contract), as one with ALL_COMMANDS in its barriers (all_commands), and
  * with no barrier at all (unsynced).
+ *
+ * --cuda-image FILE opens the CUDA backend on the kernels of FILE (a cubin,
+ * fatbin or PTX, through tovl_cuda_backend_open_image) instead of its own,
+ * so another port's kernel source compiled for NVIDIA, e.g. the HIP port's
+ * (hip_on_cuda.h), is timed with the same workload and clock.
  */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
@@ -42,6 +47,7 @@
 #include "cli.h"
 #include "conform.h"
 #include "tovl/backend.h"
+#include "tovl/tovl_cuda.h"
 
 /* Tensors one --dump file may hold: the set's 2, then 4 per batch size. */
 #define BENCH_DUMP_MAX 40
@@ -59,7 +65,7 @@ static const char *const floor_probes[] = {"dispatch_floor_bare", "dispatch_floo
 #define BENCH_FLOOR_ROWS (1 + sizeof floor_probes / sizeof floor_probes[0]) /* the idle embed, the probes */
 
 typedef struct bench_options {
-    const char *backend, *json, *dump;
+    const char *backend, *json, *dump, *cuda_image;
     uint64_t seed;
     uint32_t batch, repeats;
     uint32_t rowdiff_rows, h, vocab, slots, rows_per_slot;
@@ -104,7 +110,8 @@ typedef struct bench_run {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
-            "                  [--tokens T[,T...]] [--tp N] [--dump FILE] [--quick] [--hooks-only]\n\n"
+            "                  [--tokens T[,T...]] [--tp N] [--dump FILE] [--quick] [--hooks-only]\n"
+            "                  [--cuda-image FILE]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a backend (default: auto) with its own clock (the\n"
             "device's clock; the wall clock on cpu, whose samples hold at most 0.25 s of launches):\n"
@@ -117,7 +124,8 @@ static void usage(FILE *f) {
             "safetensors (the overlay rows and ids of each slot; per batch size the hidden rows, row\n"
             "slots and the cells tovl computed) for a peer to run the same work. --quick: small\n"
             "sizes, for a smoke run. --hooks-only: the floor and the hooks only (no copy bandwidth,\n"
-            "no rowdiff).\n",
+            "no rowdiff). --cuda-image FILE: the CUDA backend on the kernels of FILE (cubin, fatbin\n"
+            "or PTX) instead of its own, e.g. another port's source compiled for NVIDIA.\n",
             BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
 }
 
@@ -849,6 +857,7 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                                          {"batch", required_argument, NULL, 'b'},
                                          {"repeats", required_argument, NULL, 'r'},
                                          {"tp", required_argument, NULL, 'p'},
+                                         {"cuda-image", required_argument, NULL, 'i'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -875,6 +884,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->json = value;
         } else if (c == 'd') {
             o->dump = value;
+        } else if (c == 'i') {
+            o->cuda_image = value;
         } else if (c == 's') {
             char *end;
             o->seed = strtoull(value, &end, 0);
@@ -908,6 +919,37 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     return -1; /* go on */
 }
 
+/* --cuda-image: the CUDA backend on the kernels of a file; 0 when opened. */
+static int open_cuda_image(const char *path, tovl_backend **be) {
+    FILE *f = fopen(path, "rb");
+    char *image = NULL;
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        size = ftell(f);
+    }
+    if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+        image = malloc((size_t)size + 1); /* a NUL after PTX text */
+    }
+    const bool read = image && fread(image, 1, (size_t)size, f) == (size_t)size;
+    if (f) {
+        fclose(f);
+    }
+    if (!read) {
+        fprintf(stderr, "tovl bench: cannot read --cuda-image '%s'\n", path);
+        free(image);
+        return 2;
+    }
+    image[size] = '\0';
+    const char *slash = strrchr(path, '/');
+    tovl_status st = tovl_cuda_backend_open_image(image, (size_t)size + 1, slash ? slash + 1 : path, be);
+    free(image);
+    if (st != TOVL_OK) {
+        fprintf(stderr, "tovl bench: cannot open the cuda backend on '%s': %s\n", path, tovl_last_error());
+        return 2;
+    }
+    return 0;
+}
+
 int tovl_cmd_bench(int argc, char **argv) {
     bench_options o;
     int rc = parse_options(argc, argv, &o);
@@ -915,7 +957,15 @@ int tovl_cmd_bench(int argc, char **argv) {
         return rc;
     }
     bench_run run = {.opt = &o, .rng = o.seed};
-    if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {
+    if (o.cuda_image) {
+        if (strcmp(o.backend, "auto") != 0 && strcmp(o.backend, "cuda") != 0) {
+            fprintf(stderr, "tovl bench: --cuda-image runs on the cuda backend, not '%s'\n", o.backend);
+            return 2;
+        }
+        if (open_cuda_image(o.cuda_image, &run.be) != 0) {
+            return 2;
+        }
+    } else if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {
         fprintf(stderr, "tovl bench: cannot open backend '%s': %s\n", o.backend, tovl_last_error());
         return 2;
     }

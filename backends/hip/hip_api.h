@@ -17,10 +17,16 @@ typedef struct ihipModule_t *hipModule_t;
 typedef struct ihipModuleSymbol_t *hipFunction_t;
 typedef struct ihipStream_t *hipStream_t;
 typedef void *hipDeviceptr_t;
+typedef struct ihipEvent_t *hipEvent_t;
+typedef struct ihipGraph *hipGraph_t;
+typedef struct hipGraphExec *hipGraphExec_t;
+typedef struct hipGraphNode *hipGraphNode_t;
 
 #define TOVL_HIP_SUCCESS 0
 #define TOVL_HIP_ERROR_OUT_OF_MEMORY 2          /* hipErrorOutOfMemory */
 #define TOVL_HIP_ATTRIBUTE_WARP_SIZE 87         /* hipDeviceAttributeWarpSize */
+#define TOVL_HIP_STREAM_NON_BLOCKING 1u         /* hipStreamNonBlocking */
+#define TOVL_HIP_CAPTURE_MODE_THREAD_LOCAL 1    /* hipStreamCaptureModeThreadLocal */
 
 /* X(name, parameter list): every runtime function the backend resolves. */
 #define TOVL_HIP_FUNCTIONS(X)                                                                          \
@@ -43,7 +49,22 @@ typedef void *hipDeviceptr_t;
     X(hipModuleLaunchKernel, (hipFunction_t f, unsigned int grid_x, unsigned int grid_y,               \
                               unsigned int grid_z, unsigned int block_x, unsigned int block_y,         \
                               unsigned int block_z, unsigned int shared_bytes, hipStream_t stream,     \
-                              void **kernel_params, void **extra))
+                              void **kernel_params, void **extra))                                    \
+    X(hipMemcpyDtoDAsync, (hipDeviceptr_t dst, hipDeviceptr_t src, size_t bytes, hipStream_t stream))   \
+    X(hipStreamCreateWithFlags, (hipStream_t * stream, unsigned int flags))                            \
+    X(hipStreamDestroy, (hipStream_t stream))                                                          \
+    X(hipEventCreate, (hipEvent_t * event))                                                            \
+    X(hipEventDestroy, (hipEvent_t event))                                                             \
+    X(hipEventRecord, (hipEvent_t event, hipStream_t stream))                                          \
+    X(hipEventSynchronize, (hipEvent_t event))                                                         \
+    X(hipEventElapsedTime, (float *ms, hipEvent_t start, hipEvent_t stop))                             \
+    X(hipStreamBeginCapture, (hipStream_t stream, int mode))                                           \
+    X(hipStreamEndCapture, (hipStream_t stream, hipGraph_t * graph))                                   \
+    X(hipGraphInstantiate, (hipGraphExec_t * exec, hipGraph_t graph, hipGraphNode_t * error_node,      \
+                            char *log, size_t log_size))                                               \
+    X(hipGraphLaunch, (hipGraphExec_t exec, hipStream_t stream))                                       \
+    X(hipGraphExecDestroy, (hipGraphExec_t exec))                                                      \
+    X(hipGraphDestroy, (hipGraph_t graph))
 
 typedef struct tovl_hip_api {
     const char *library; /* the soname that opened */

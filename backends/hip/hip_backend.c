@@ -11,33 +11,17 @@
 
 #include "hip_api.h"
 #include "hip_bundle.h"
+#include "hip_geometry.h"
 #include "token_overlay_shape.h"
 #include "tovl/backend.h"
 #include "tovl/tovl_hip.h"
-
-/* The kernels by handle - 1. lmhead kernels cover LMHEAD_ROWS rows per block. */
-static const struct {
-    const char *name;
-    size_t args_size;
-    bool lmhead;
-} hip_kernels[] = {
-    {TOVL_KERNEL_ROWDIFF, sizeof(tovl_rowdiff_args), false},
-    {TOVL_KERNEL_EMBED_OVERLAY, sizeof(tovl_embed_overlay_args), false},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, sizeof(tovl_lmhead_overlay_args), true},
-    {TOVL_KERNEL_LMHEAD_OVERLAY_F32, sizeof(tovl_lmhead_overlay_args), true},
-};
-#define HIP_KERNEL_COUNT (sizeof hip_kernels / sizeof hip_kernels[0])
-
-/* HIP's grid limits on AMD: y and z below 2^16; x * block below 2^32. */
-#define HIP_MAX_GRID_X (0xFFFFFFFFu / TOVL_HIP_BLOCK_THREADS)
-#define HIP_MAX_GRID_YZ 65535u
 
 typedef struct hip_ctx {
     const tovl_hip_api *api;
     int device;
     hipModule_t module;
-    hipFunction_t functions[HIP_KERNEL_COUNT];
-    bool looked_up[HIP_KERNEL_COUNT];
+    hipFunction_t functions[TOVL_HIP_KERNEL_COUNT];
+    bool looked_up[TOVL_HIP_KERNEL_COUNT];
     char description[256];
     char subgroup_size[8]; /* "" when the runtime did not say */
     char driver[64];
@@ -154,56 +138,49 @@ static tovl_status hip_fill_u32(void *ctx, tovl_devptr dst, uint32_t pattern, si
 /* try_kernel is hipModuleGetFunction, asked once per name. */
 static tovl_kernel hip_try_kernel(void *ctx, const char *name) {
     hip_ctx *c = ctx;
-    for (size_t i = 0; i < HIP_KERNEL_COUNT; i++) {
-        if (strcmp(name, hip_kernels[i].name) != 0) {
-            continue;
-        }
-        if (!c->looked_up[i] && bind_device(c, "try_kernel") == TOVL_OK) {
-            if (c->api->hipModuleGetFunction(&c->functions[i], c->module, name) != TOVL_HIP_SUCCESS) {
-                c->functions[i] = NULL;
-            }
-            c->looked_up[i] = true;
-        }
-        return c->functions[i] ? (tovl_kernel)(i + 1) : 0;
+    const int i = tovl_hip_kernel_by_name(name);
+    if (i < 0) {
+        return 0;
     }
-    return 0;
+    if (!c->looked_up[i] && bind_device(c, "try_kernel") == TOVL_OK) {
+        if (c->api->hipModuleGetFunction(&c->functions[i], c->module, name) != TOVL_HIP_SUCCESS) {
+            c->functions[i] = NULL;
+        }
+        c->looked_up[i] = true;
+    }
+    return c->functions[i] ? (tovl_kernel)(i + 1) : 0;
 }
 
 static tovl_status hip_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
                               size_t args_size, void *stream) {
     hip_ctx *c = ctx;
-    if (kernel == 0 || kernel > HIP_KERNEL_COUNT || !c->functions[kernel - 1]) {
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: launch of unknown kernel handle %llu", (unsigned long long)kernel);
+    tovl_hip_kernel_id k;
+    tovl_status st = tovl_hip_check_launch("hip", kernel, args, args_size, &k);
+    if (st != TOVL_OK) {
+        return st;
     }
-    const size_t k = kernel - 1;
-    if (!args || args_size != hip_kernels[k].args_size) {
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s expects %zu bytes of arguments, got %zu",
-                          hip_kernels[k].name, hip_kernels[k].args_size, args_size);
+    if (!c->functions[k]) {
+        return tovl_error(TOVL_ERR_LAUNCH, "hip: launch of kernel %s, which the module lacks", tovl_hip_kernel_names[k]);
     }
-    /* Logical grid -> blocks: one block per row (token), and for the lm_head
-     * kernels LMHEAD_ROWS overlay rows per block along y. */
-    const uint32_t blocks_x = grid[0];
-    const uint32_t blocks_y = hip_kernels[k].lmhead ? tovl_hip_lmhead_blocks_y(grid[1]) : grid[1];
-    const uint32_t blocks_z = grid[2];
-    if (blocks_x == 0 || blocks_y == 0 || blocks_z == 0) {
+    uint32_t blocks[3];
+    st = tovl_hip_blocks(k, grid, blocks);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    if (blocks[0] == 0 || blocks[1] == 0 || blocks[2] == 0) {
         return TOVL_OK; /* an empty grid: nothing to do */
     }
-    if (blocks_x > HIP_MAX_GRID_X || blocks_y > HIP_MAX_GRID_YZ || blocks_z > HIP_MAX_GRID_YZ) {
-        return tovl_error(TOVL_ERR_LAUNCH, "hip: kernel %s: grid %u x %u x %u blocks exceeds HIP's (%u x %u x %u)",
-                          hip_kernels[k].name, blocks_x, blocks_y, blocks_z, HIP_MAX_GRID_X, HIP_MAX_GRID_YZ,
-                          HIP_MAX_GRID_YZ);
-    }
-    tovl_status st = bind_device(c, "launch");
+    st = bind_device(c, "launch");
     if (st != TOVL_OK) {
         return st;
     }
     void *params[] = {(void *)(uintptr_t)args}; /* the one by-value struct; copied at launch */
-    hipError_t e = c->api->hipModuleLaunchKernel(c->functions[k], blocks_x, blocks_y, blocks_z, TOVL_HIP_BLOCK_THREADS,
-                                                 1, 1, 0, (hipStream_t)stream, params, NULL);
+    hipError_t e = c->api->hipModuleLaunchKernel(c->functions[k], blocks[0], blocks[1], blocks[2],
+                                                 TOVL_HIP_BLOCK_THREADS, 1, 1, 0, (hipStream_t)stream, params, NULL);
     if (e != TOVL_HIP_SUCCESS) {
         char t[96];
         return tovl_error(TOVL_ERR_LAUNCH, "hip: hipModuleLaunchKernel(%s, %u x %u x %u blocks): %s",
-                          hip_kernels[k].name, blocks_x, blocks_y, blocks_z,
+                          tovl_hip_kernel_names[k], blocks[0], blocks[1], blocks[2],
                           tovl_hip_error_text(c->api, e, t, sizeof t));
     }
     return TOVL_OK;
@@ -217,6 +194,210 @@ static tovl_status hip_synchronize(void *ctx, void *stream) {
     }
     hipError_t e = c->api->hipStreamSynchronize((hipStream_t)stream);
     return e == TOVL_HIP_SUCCESS ? TOVL_OK : device_error(c, "hipStreamSynchronize", e);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Timing with the device's clock (tovl bench): HIP events and graphs.        */
+/* ------------------------------------------------------------------------ */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, uint32_t n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A stream of its own and two events: what one timing call works with. */
+typedef struct hip_timer {
+    hipStream_t stream;
+    hipEvent_t start, stop;
+} hip_timer;
+
+static void timer_close(hip_ctx *c, hip_timer *t) {
+    if (t->start) c->api->hipEventDestroy(t->start);
+    if (t->stop) c->api->hipEventDestroy(t->stop);
+    if (t->stream) c->api->hipStreamDestroy(t->stream);
+    memset(t, 0, sizeof *t);
+}
+
+static tovl_status timer_open(hip_ctx *c, hip_timer *t) {
+    memset(t, 0, sizeof *t);
+    tovl_status st = bind_device(c, "timing");
+    if (st != TOVL_OK) {
+        return st;
+    }
+    hipError_t e = c->api->hipStreamCreateWithFlags(&t->stream, TOVL_HIP_STREAM_NON_BLOCKING);
+    const char *call = "hipStreamCreateWithFlags";
+    if (e == TOVL_HIP_SUCCESS) {
+        call = "hipEventCreate";
+        e = c->api->hipEventCreate(&t->start);
+        if (e == TOVL_HIP_SUCCESS) e = c->api->hipEventCreate(&t->stop);
+    }
+    if (e != TOVL_HIP_SUCCESS) {
+        timer_close(c, t);
+        return device_error(c, call, e);
+    }
+    return TOVL_OK;
+}
+
+/* Record start, run `work` (launches, a graph replay, a copy) on the timer's
+ * stream, record stop; the elapsed milliseconds. */
+typedef tovl_status (*timed_work)(hip_ctx *c, hipStream_t stream, void *arg);
+
+static tovl_status time_once(hip_ctx *c, const hip_timer *t, timed_work work, void *arg, double *ms) {
+    hipError_t e = c->api->hipEventRecord(t->start, t->stream);
+    if (e != TOVL_HIP_SUCCESS) {
+        return device_error(c, "hipEventRecord", e);
+    }
+    tovl_status st = work(c, t->stream, arg);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    float elapsed = 0.0f;
+    e = c->api->hipEventRecord(t->stop, t->stream);
+    if (e == TOVL_HIP_SUCCESS) e = c->api->hipEventSynchronize(t->stop);
+    if (e == TOVL_HIP_SUCCESS) e = c->api->hipEventElapsedTime(&elapsed, t->start, t->stop);
+    if (e != TOVL_HIP_SUCCESS) {
+        return device_error(c, "timing with events (hipEventRecord, hipEventSynchronize, hipEventElapsedTime)", e);
+    }
+    *ms = elapsed;
+    return TOVL_OK;
+}
+
+typedef struct launch_work {
+    tovl_kernel kernel;
+    const uint32_t *grid;
+    const void *args;
+    size_t args_size;
+} launch_work;
+
+static tovl_status run_launch(hip_ctx *c, hipStream_t stream, void *arg) {
+    const launch_work *w = arg;
+    return hip_launch(c, w->kernel, w->grid, w->args, w->args_size, stream);
+}
+
+static tovl_status run_graph(hip_ctx *c, hipStream_t stream, void *arg) {
+    hipError_t e = c->api->hipGraphLaunch((hipGraphExec_t)arg, stream);
+    return e == TOVL_HIP_SUCCESS ? TOVL_OK : device_error(c, "hipGraphLaunch", e);
+}
+
+/* `batch` launches captured on the timer's stream into one instantiated graph. */
+static tovl_status capture_batch(hip_ctx *c, const hip_timer *t, const launch_work *w, uint32_t batch,
+                                 hipGraph_t *graph, hipGraphExec_t *exec) {
+    hipError_t e = c->api->hipStreamBeginCapture(t->stream, TOVL_HIP_CAPTURE_MODE_THREAD_LOCAL);
+    if (e != TOVL_HIP_SUCCESS) {
+        return device_error(c, "hipStreamBeginCapture", e);
+    }
+    tovl_status st = TOVL_OK;
+    for (uint32_t i = 0; i < batch && st == TOVL_OK; i++) {
+        st = hip_launch(c, w->kernel, w->grid, w->args, w->args_size, t->stream);
+    }
+    e = c->api->hipStreamEndCapture(t->stream, graph); /* always ends the capture */
+    if (st != TOVL_OK) {
+        return st;
+    }
+    if (e != TOVL_HIP_SUCCESS) {
+        return device_error(c, "hipStreamEndCapture", e);
+    }
+    e = c->api->hipGraphInstantiate(exec, *graph, NULL, NULL, 0);
+    return e == TOVL_HIP_SUCCESS ? TOVL_OK : device_error(c, "hipGraphInstantiate", e);
+}
+
+/* single_us: the median of `repeats` single launches; batched_us: of
+ * `repeats` replays of a graph of `batch` launches, per launch. */
+static tovl_status hip_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                                   size_t args_size, uint32_t batch, uint32_t repeats, tovl_kernel_timing *out) {
+    hip_ctx *c = ctx;
+    if (!out || batch == 0 || repeats == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "hip: time_kernel needs batch >= 1, repeats >= 1 and out");
+    }
+    memset(out, 0, sizeof *out);
+    double *single = malloc(2 * (size_t)repeats * sizeof *single);
+    if (!single) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "hip: out of host memory");
+    }
+    double *batched = single + repeats;
+    hip_timer t;
+    hipGraph_t graph = NULL;
+    hipGraphExec_t exec = NULL;
+    launch_work w = {kernel, grid, args, args_size};
+    tovl_status st = timer_open(c, &t);
+    for (int i = 0; i < 3 && st == TOVL_OK; i++) { /* warm-up: caches, clocks, lazy loading */
+        st = run_launch(c, t.stream, &w);
+    }
+    if (st == TOVL_OK) st = hip_synchronize(c, t.stream);
+    for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+        st = time_once(c, &t, run_launch, &w, &single[i]);
+    }
+    if (st == TOVL_OK) st = capture_batch(c, &t, &w, batch, &graph, &exec);
+    if (st == TOVL_OK) st = run_graph(c, t.stream, exec); /* one replay to warm up */
+    if (st == TOVL_OK) st = hip_synchronize(c, t.stream);
+    for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+        st = time_once(c, &t, run_graph, exec, &batched[i]);
+        batched[i] /= batch;
+    }
+    if (st == TOVL_OK) {
+        out->single_us = 1000.0 * median(single, repeats);
+        out->batched_us = 1000.0 * median(batched, repeats);
+        out->repeats = repeats;
+    }
+    if (t.stream) {
+        c->api->hipStreamSynchronize(t.stream); /* nothing of ours is left running */
+    }
+    if (exec) c->api->hipGraphExecDestroy(exec);
+    if (graph) c->api->hipGraphDestroy(graph);
+    timer_close(c, &t);
+    free(single);
+    return st;
+}
+
+typedef struct copy_work {
+    tovl_devptr dst, src;
+    size_t bytes;
+} copy_work;
+
+static tovl_status run_copy(hip_ctx *c, hipStream_t stream, void *arg) {
+    const copy_work *w = arg;
+    hipError_t e = c->api->hipMemcpyDtoDAsync((hipDeviceptr_t)(uintptr_t)w->dst, (hipDeviceptr_t)(uintptr_t)w->src,
+                                              w->bytes, stream);
+    return e == TOVL_HIP_SUCCESS ? TOVL_OK : device_error(c, "hipMemcpyDtoDAsync", e);
+}
+
+/* Bytes read plus bytes written per second of a device-to-device copy. */
+static tovl_status hip_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats, double *gbps) {
+    hip_ctx *c = ctx;
+    if (!gbps || bytes < 4 || repeats == 0) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "hip: copy_bandwidth needs >= 4 bytes, repeats >= 1 and gbps");
+    }
+    double *ms = malloc(repeats * sizeof *ms);
+    if (!ms) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "hip: out of host memory");
+    }
+    copy_work w = {0, 0, bytes & ~(size_t)3};
+    hip_timer t = {0};
+    tovl_status st = hip_alloc(c, w.bytes, &w.src);
+    if (st == TOVL_OK) st = hip_alloc(c, w.bytes, &w.dst);
+    if (st == TOVL_OK) st = hip_fill_u32(c, w.src, 0x3F80BF80u, w.bytes); /* not zeros */
+    if (st == TOVL_OK) st = timer_open(c, &t);
+    for (int i = 0; i < 2 && st == TOVL_OK; i++) { /* warm-up */
+        st = run_copy(c, t.stream, &w);
+    }
+    for (uint32_t i = 0; i < repeats && st == TOVL_OK; i++) {
+        st = time_once(c, &t, run_copy, &w, &ms[i]);
+    }
+    if (st == TOVL_OK) {
+        *gbps = 2.0 * (double)w.bytes / (median(ms, repeats) * 1e-3) / 1e9;
+    }
+    if (t.stream) {
+        c->api->hipStreamSynchronize(t.stream);
+    }
+    timer_close(c, &t);
+    if (w.src) hip_free(c, w.src);
+    if (w.dst) hip_free(c, w.dst);
+    free(ms);
+    return st;
 }
 
 static const tovl_backend_iface hip_iface = {
@@ -233,6 +414,8 @@ static const tovl_backend_iface hip_iface = {
     .try_kernel = hip_try_kernel,
     .launch = hip_launch,
     .synchronize = hip_synchronize,
+    .time_kernel = hip_time_kernel,
+    .copy_bandwidth = hip_copy_bandwidth,
 };
 
 /* Name, wavefront size and runtime version for device() and property(). */

@@ -12,6 +12,11 @@
  *   __fmul_rn, __fadd_rn, __fsub_rn             the same, never fused (and
  *                                              nvcc runs with --fmad=false)
  *   __float_as_uint, __uint_as_float            the same
+ *   warpSize                                    the same built-in (32)
+ *   uint4                                       the same vector type
+ *   __ballot(p)                                 __ballot_sync over the warp,
+ *                                              widened to HIP's 64 bits
+ *   __shfl_down(v, delta, width)                __shfl_down_sync over the warp
  * A HIP-only name used in the port fails to compile here: map it below.
  */
 #ifndef TOVL_HIP_ON_CUDA_H
@@ -28,15 +33,29 @@
 
 #include "token_overlay_shape.h"
 
+/* CUDA has deprecated warp-synchronous functions of these names (invalid on
+ * sm_70 and newer): the port's calls are renamed to the _sync forms. */
+__device__ __forceinline__ unsigned long long tovl_hip_ballot(int predicate) {
+    return __ballot_sync(0xFFFFFFFFu, predicate);
+}
+template <typename T>
+__device__ __forceinline__ T tovl_hip_shfl_down(T value, unsigned delta, int width = warpSize) {
+    return __shfl_down_sync(0xFFFFFFFFu, value, delta, width);
+}
+#define __ballot tovl_hip_ballot
+#define __shfl_down tovl_hip_shfl_down
+
 /* HIP's one-argument __launch_bounds__ (max threads per block) means the
  * same on CUDA; the port never passes HIP's second argument (min waves per
  * EU), whose CUDA meaning (min blocks per SM) differs. */
 
 /* How tovl_cuda_backend_open_image launches this port (the convention of
  * include/tovl/tovl_cuda.h): {block_x, block_y, logical points x, y per
- * block}. As hip_backend.c does: 256 threads; one row or token per block, and
- * for the lm_head kernels 8 overlay rows (logical y) per block. */
-extern "C" __device__ const unsigned int rowdiff_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1, 1};
+ * block}. As hip_geometry.c does: 256 threads; rowdiff 8 rows per block,
+ * embed one token per block, lm_head one token and 8 overlay rows (logical
+ * y) per block. */
+extern "C" __device__ const unsigned int rowdiff_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1,
+                                                              TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK, 1};
 extern "C" __device__ const unsigned int embed_overlay_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1, 1};
 extern "C" __device__ const unsigned int lmhead_overlay_bf16_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1,
                                                                           TOVL_HIP_LMHEAD_ROWS_PER_BLOCK};

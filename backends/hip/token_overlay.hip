@@ -2,11 +2,16 @@
  * The four token-overlay kernels for AMD GPUs (HIP): the semantics of
  * docs/SPEC.md, bit for bit the same as the CPU reference (backends/cpu/).
  *
- * Written for AMD, correct for wave64 (CDNA) and wave32 (RDNA) alike: every
- * block has 256 threads and thread l is the spec's dot lane l, so a lane sums
- * its elements i = l, l + 256, ... in increasing order, and the 128..1 tree
- * runs in LDS with a barrier per level. Nothing uses cross-lane shuffles or
- * warpSize, so the wavefront size cannot change the result.
+ * Written for AMD, the same bits at either wavefront width. CDNA (gfx908,
+ * gfx90a, gfx940) runs 64-wide wavefronts, RDNA (gfx1030, gfx1100) 32-wide:
+ * the work is split into row groups of 32 threads (token_overlay_shape.h), a
+ * whole wavefront on RDNA and half of one on CDNA, and every cross-lane step
+ * stays inside its group: ballots are read at warpSize and cut to the
+ * group's 32 bits, shuffles run with width 32, block-wide counts and prefix
+ * sums go through LDS. No dot-product lane or pairing of the spec's tree
+ * depends on the width. Shared memory (LDS) use is at most 27 KiB a block
+ * (lm_head), below the 64 KiB a workgroup may have; nothing relies on
+ * asynchronous copies (AMD has no cp.async).
  *
  * Arithmetic: each product and each sum is its own f32 operation, rounded to
  * nearest even. HIP's __fmul_rn / __fadd_rn are plain * and +, so the build
@@ -14,29 +19,49 @@
  * instructions); denormals are kept (-fno-gpu-flush-denormals-to-zero).
  *
  * Arguments: one struct per kernel, passed by value (include/tovl/kernel_args.h).
- * Launch shapes (hip_backend.c maps the core's logical grids onto them):
- *   rowdiff              blocks (rows, 1, 1)              one row per block
- *   embed_overlay        blocks (T, 1, 1)                 one token per block
- *   lmhead_overlay_*     blocks (T, ceil(max_n / 8), 1)   8 overlay rows per block
+ * Launch shapes: token_overlay_shape.h (hip_geometry.c maps the core's
+ * logical grids onto them).
  *
- * The same file also compiles with nvcc through hip_on_cuda.h (a test runs
- * this port on an NVIDIA GPU); that path skips the HIP runtime header.
+ * The same file compiles with nvcc through hip_on_cuda.h (a test runs this
+ * port on an NVIDIA GPU) and as host C++ through emu/hip_emu.h (the kernel
+ * emulation runs it at warp widths 32 and 64 in CI); both skip the HIP
+ * runtime header.
  */
-#ifndef TOVL_HIP_ON_CUDA
+#if !defined(TOVL_HIP_ON_CUDA) && !defined(TOVL_HIP_EMU)
 #include <hip/hip_runtime.h>
 #endif
+
+#include <stdint.h>
 
 #include "tovl/kernel_args.h"
 #include "token_overlay_shape.h"
 
+#if defined(TOVL_HIP_EMU)
+#define TOVL_HIP_KERNEL static
+#define TOVL_HIP_UNROLL
+#else
+#define TOVL_HIP_KERNEL extern "C" __global__
+#define TOVL_HIP_UNROLL _Pragma("unroll")
+#endif
+
 #define BLOCK TOVL_HIP_BLOCK_THREADS
+#define GROUP TOVL_HIP_GROUP_THREADS
 #define LMHEAD_ROWS TOVL_HIP_LMHEAD_ROWS_PER_BLOCK
 
-static_assert(BLOCK == TOVL_DOT_LANES, "one dot lane per thread");
+static_assert(BLOCK % 64 == 0, "whole wavefronts of 64 and of 32");
+static_assert(TOVL_DOT_LANES == GROUP * 8, "a row group's thread holds 8 dot lanes: one 16-byte vector");
+
+namespace tovl_hip {
 
 /* bf16 -> f32 is exact. */
-__device__ static inline float bf16_to_f32(uint16_t bits) {
-    return __uint_as_float((uint32_t)bits << 16);
+__device__ static inline float bf16_to_f32(uint32_t bits) {
+    return __uint_as_float(bits << 16);
+}
+
+/* Element i (0..7) of a 16-byte vector of 8 bf16 (little-endian pairs). */
+__device__ static inline float bf16_of(const uint4 &v, uint32_t i) {
+    const uint32_t word = i / 2 == 0 ? v.x : i / 2 == 1 ? v.y : i / 2 == 2 ? v.z : v.w;
+    return __uint_as_float(i % 2 ? word & 0xFFFF0000u : word << 16);
 }
 
 /* f32 -> bf16, nearest even; every NaN becomes 0x7FC0 (core/bf16.c). */
@@ -64,41 +89,155 @@ __device__ static inline int32_t row_slot(uint64_t slots, int32_t active_slot, u
     return slots ? ptr<const int32_t>(slots)[t] : active_slot;
 }
 
+/* Elements before the first 16-byte boundary of a bf16 row at `p`. */
+__device__ static inline uint32_t bf16_to_16b_boundary(const void *p) {
+    return (uint32_t)((16u - ((uintptr_t)p & 15u)) & 15u) / 2u;
+}
+
+/* A 16-byte load or store; p 16-byte aligned. */
+__device__ static inline uint4 load16(const void *p) {
+#if defined(TOVL_HIP_EMU)
+    tovl_emu::check_aligned(p, 16);
+#endif
+    return *reinterpret_cast<const uint4 *>(p);
+}
+__device__ static inline void store16(void *p, uint4 v) {
+#if defined(TOVL_HIP_EMU)
+    tovl_emu::check_aligned(p, 16);
+#endif
+    *reinterpret_cast<uint4 *>(p) = v;
+}
+
+/* The 8 elements from e of a bf16 row (0 past h) as a 16-byte vector: one
+ * load when `vectors` (the row 16-byte aligned, h a multiple of 8) and the 8
+ * lie within h, else element by element. */
+__device__ static inline uint4 load8_bf16(const uint16_t *row, uint32_t e, uint32_t h, bool vectors) {
+    if (vectors && e + 8 <= h) {
+        return load16(row + e);
+    }
+    uint32_t word[4] = {0, 0, 0, 0};
+    for (uint32_t i = 0; i < 8; i++) {
+        if (e + i < h) {
+            word[i / 2] |= (uint32_t)row[e + i] << (16 * (i % 2));
+        }
+    }
+    uint4 v;
+    v.x = word[0], v.y = word[1], v.z = word[2], v.w = word[3];
+    return v;
+}
+
+/* Whether `predicate` holds in any thread of this thread's row group. Every
+ * thread of the wavefront calls it: the ballot spans the wavefront
+ * (warpSize lanes, a 64-bit mask on AMD), of which the group's 32 bits are
+ * kept. */
+__device__ static inline bool group_any(bool predicate) {
+    const unsigned long long votes = __ballot(predicate);
+    const uint32_t first = (threadIdx.x % warpSize) & ~(uint32_t)(GROUP - 1); /* the group's first lane */
+    return ((votes >> first) & 0xFFFFFFFFull) != 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* rowdiff: flags[r] = 1 when row r of a and b differ.                        */
 /* ------------------------------------------------------------------------ */
-extern "C" __global__ void __launch_bounds__(BLOCK) rowdiff(tovl_rowdiff_args args) {
-    const uint32_t r = blockIdx.x;
-    if (r >= args.rows) {
-        return; /* whole block: no barrier is left waiting */
+
+/* Do two bf16 bit patterns differ under the tolerance rule? */
+__device__ static inline bool bf16_differs(uint32_t a, uint32_t b, float tol) {
+    if (!(tol > 0.0f)) {
+        return a != b;
     }
-    const uint16_t *a = ptr<const uint16_t>(args.a) + (size_t)r * args.h;
-    const uint16_t *b = ptr<const uint16_t>(args.b) + (size_t)r * args.h;
-    int differ = 0;
-    if (args.tol > 0.0f) {
-        for (uint32_t i = threadIdx.x; i < args.h; i += BLOCK) {
-            const float fa = bf16_to_f32(a[i]);
-            const float fb = bf16_to_f32(b[i]);
-            /* |fa - fb| by clearing the sign bit: no math library call. A NaN
-             * difference (Inf - Inf, NaN - NaN) compares false, as on the CPU. */
-            const float gap = __uint_as_float(__float_as_uint(__fsub_rn(fa, fb)) & 0x7FFFFFFFu);
-            differ |= (gap > args.tol) | ((fa != fa) != (fb != fb));
+    const float fa = bf16_to_f32(a), fb = bf16_to_f32(b);
+    /* |fa - fb| by clearing the sign bit: no math library call. A NaN
+     * difference (Inf - Inf, NaN - NaN) compares false, as on the CPU. */
+    const float gap = __uint_as_float(__float_as_uint(__fsub_rn(fa, fb)) & 0x7FFFFFFFu);
+    return gap > tol || ((fa != fa) != (fb != fb));
+}
+
+/* The same over two 16-byte vectors of 8 bf16. */
+__device__ static inline bool bf16x8_differs(const uint4 &a, const uint4 &b, float tol) {
+    if (!(tol > 0.0f)) {
+        return ((a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w)) != 0;
+    }
+    const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+    bool differ = false;
+    TOVL_HIP_UNROLL
+    for (int i = 0; i < 4; i++) {
+        differ |= bf16_differs(wa[i] & 0xFFFFu, wb[i] & 0xFFFFu, tol);
+        differ |= bf16_differs(wa[i] >> 16, wb[i] >> 16, tol);
+    }
+    return differ;
+}
+
+/* Row `row` compared by the 32 threads of a row group (lane 0..31): 16-byte
+ * loads from the first element where both rows reach a 16-byte boundary,
+ * scalar loads before it and for the tail; rows whose offsets differ modulo
+ * 16 share no boundary and are read scalar. UNROLL pairs of loads in flight. */
+__device__ static inline bool rowdiff_row(const tovl_rowdiff_args &args, uint32_t row, uint32_t lane) {
+    constexpr uint32_t UNROLL = 4;
+    const uint32_t h = args.h;
+    const float tol = args.tol;
+    const uint16_t *a = ptr<const uint16_t>(args.a) + (size_t)row * h;
+    const uint16_t *b = ptr<const uint16_t>(args.b) + (size_t)row * h;
+    uint32_t head = bf16_to_16b_boundary(a);
+    if (head != bf16_to_16b_boundary(b) || head > h) {
+        head = h;
+    }
+    bool differ = false;
+    for (uint32_t i = lane; i < head; i += GROUP) {
+        differ |= bf16_differs(a[i], b[i], tol);
+    }
+    const uint32_t vectors = (h - head) / 8;
+    const uint16_t *va = a + head, *vb = b + head;
+    for (uint32_t v0 = 0; v0 < vectors; v0 += GROUP * UNROLL) {
+        uint4 xa[UNROLL], xb[UNROLL];
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            const uint32_t v = v0 + u * GROUP + lane;
+            if (v < vectors) {
+                xa[u] = load16(va + (size_t)v * 8);
+                xb[u] = load16(vb + (size_t)v * 8);
+            }
         }
-    } else {
-        for (uint32_t i = threadIdx.x; i < args.h; i += BLOCK) {
-            differ |= a[i] != b[i];
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            if (v0 + u * GROUP + lane < vectors) {
+                differ |= bf16x8_differs(xa[u], xb[u], tol);
+            }
         }
     }
-    differ = __syncthreads_or(differ);
-    if (threadIdx.x == 0) {
-        ptr<uint32_t>(args.flags)[r] = differ ? 1u : 0u;
+    for (uint32_t i = head + vectors * 8 + lane; i < h; i += GROUP) {
+        differ |= bf16_differs(a[i], b[i], tol);
+    }
+    return differ;
+}
+
+} // namespace tovl_hip
+
+/* A row group per row, ROWDIFF_ROWS_PER_BLOCK rows per block. A group past
+ * the last row still takes part in the ballot (its wavefront's other group
+ * may have a row). */
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) rowdiff(tovl_rowdiff_args args) {
+    using namespace tovl_hip;
+    const uint32_t lane = threadIdx.x % GROUP;
+    const uint32_t row = blockIdx.x * TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK + threadIdx.x / GROUP;
+    const bool mine = row < args.rows;
+    const bool differ = group_any(mine && rowdiff_row(args, row, lane));
+    if (mine && lane == 0) {
+        ptr<uint32_t>(args.flags)[row] = differ ? 1u : 0u;
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* embed_overlay: copy the slot's row over token t's gathered row.            */
 /* ------------------------------------------------------------------------ */
-extern "C" __global__ void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_args args) {
+
+/* A block per token. The copy takes 16-byte vectors, two per thread in
+ * flight (an h = 4096 row in one pass of 256 threads), when both rows are
+ * 16-byte aligned and h is a multiple of 8; otherwise scalar up to the first
+ * 16-byte boundary both rows share (throughout when they share none), vectors
+ * from there, a scalar tail. A bit copy: NaN payloads stay as they are. */
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_args args) {
+    using namespace tovl_hip;
+    constexpr uint32_t UNROLL = 2;
     const uint32_t t = blockIdx.x;
     if (t >= args.T) {
         return;
@@ -116,26 +255,105 @@ extern "C" __global__ void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_ove
     if (j < 0 || (uint32_t)j >= ptr<const uint32_t>(args.n_table)[s]) {
         return;
     }
-    const uint16_t *src = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]) + (size_t)j * args.h;
-    uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * args.h;
-    for (uint32_t i = threadIdx.x; i < args.h; i += BLOCK) {
-        dst[i] = src[i]; /* a bit copy: NaN payloads stay as they are */
+    const uint32_t h = args.h;
+    const uint16_t *src = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]) + (size_t)j * h;
+    uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
+    uint32_t head = bf16_to_16b_boundary(dst);
+    if (head != bf16_to_16b_boundary(src) || head > h) {
+        head = h;
+    }
+    for (uint32_t i = threadIdx.x; i < head; i += BLOCK) {
+        dst[i] = src[i];
+    }
+    const uint32_t vectors = (h - head) / 8;
+    const uint16_t *vs = src + head;
+    uint16_t *vd = dst + head;
+    for (uint32_t v0 = threadIdx.x; v0 < vectors; v0 += BLOCK * UNROLL) {
+        uint4 chunk[UNROLL];
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            if (v0 + u * BLOCK < vectors) {
+                chunk[u] = load16(vs + (size_t)(v0 + u * BLOCK) * 8);
+            }
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            if (v0 + u * BLOCK < vectors) {
+                store16(vd + (size_t)(v0 + u * BLOCK) * 8, chunk[u]);
+            }
+        }
+    }
+    for (uint32_t i = head + vectors * 8 + threadIdx.x; i < h; i += BLOCK) {
+        dst[i] = src[i];
     }
 }
 
 /* ------------------------------------------------------------------------ */
 /* lmhead_overlay_{bf16,f32}: logits[t, ids[k]] = dot(hidden[t], rows[k]).    */
 /* ------------------------------------------------------------------------ */
-/* One block computes LMHEAD_ROWS dots of the same hidden row t, so each
- * element of hidden[t] is loaded once and used for all of them. */
+/*
+ * Block (t, y) computes overlay rows k0 = 8 y .. k0 + 7 of token t's slot,
+ * a row group per overlay row (beyond the y limit also k0 + 8 gridDim.y, ...).
+ * The hidden row is staged once per block into LDS, X_CHUNK elements at a
+ * time with 16-byte loads, and read from there by all 8 groups: each element
+ * of hidden[t] comes from global memory once for the block's 8 dots. Each
+ * overlay row is read once, with 16-byte loads, ROUNDS_AHEAD rounds in
+ * flight before the first is used.
+ *
+ * The dot order. Thread p (0..31) of a group holds the spec's lanes
+ * 8p .. 8p + 7: in each 256-element round r it takes elements
+ * 256 r + 8 p + i (one 16-byte vector of each row), so each lane's sum runs
+ * over increasing element index. Elements past h are skipped, not multiplied
+ * by zero. The tree: strides 128 .. 8 pair thread p with p + 16 .. p + 1
+ * (shuffles of width 32, the lower lane's value first), strides 4, 2, 1 run in
+ * thread 0's own lanes. The group is 32 threads whatever the wavefront width,
+ * so the pairing is the spec's at wave32 and wave64 alike.
+ */
+namespace tovl_hip {
+
+constexpr uint32_t X_CHUNK = 4096;     /* hidden-row elements staged at a time: 8 KiB of LDS */
+constexpr uint32_t ROUNDS_AHEAD = 4;   /* overlay-row vectors a thread has in flight */
+constexpr uint32_t LANES = TOVL_DOT_LANES / GROUP; /* dot lanes per thread: 8 */
+static_assert(X_CHUNK % TOVL_DOT_LANES == 0 && X_CHUNK % (8 * BLOCK) == 0, "whole rounds, whole vector jobs");
+
+/* Strides 128 .. 1 over this thread's 8 lane sums and its group's; the
+ * result in the group's thread 0. Every thread of the wavefront calls it. */
+__device__ static inline float lmhead_tree(float (&acc)[LANES]) {
+    TOVL_HIP_UNROLL
+    for (uint32_t d = GROUP / 2; d >= 1; d /= 2) {
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < LANES; i++) {
+            acc[i] = __fadd_rn(acc[i], __shfl_down(acc[i], d, GROUP));
+        }
+    }
+    TOVL_HIP_UNROLL
+    for (uint32_t stride = LANES / 2; stride >= 1; stride /= 2) {
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < stride; i++) {
+            acc[i] = __fadd_rn(acc[i], acc[i + stride]);
+        }
+    }
+    return acc[0];
+}
+
+/* The logit cell (t, id) as bf16, or as f32 bits with every NaN canonical. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
-    __shared__ float partial[LMHEAD_ROWS][BLOCK];
+__device__ static inline void store_logit(const tovl_lmhead_overlay_args &args, uint32_t t, uint32_t id, float v) {
+    const size_t at = (size_t)t * args.ld + id;
+    if (F32_LOGITS) {
+        ptr<uint32_t>(args.logits)[at] = f32_out_bits(v);
+    } else {
+        ptr<uint16_t>(args.logits)[at] = f32_to_bf16(v);
+    }
+}
+
+/* Small batches: block (t, y) is token t. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
+    __shared__ uint4 xs[X_CHUNK / 8]; /* the staged part of hidden[t] */
     const uint32_t t = blockIdx.x;
-    const uint32_t k0 = blockIdx.y * LMHEAD_ROWS;
-    const uint32_t lane = threadIdx.x;
     if (t >= args.T) {
-        return;
+        return; /* the whole block */
     }
     const int32_t s = row_slot(args.row_slots, args.active_slot, t);
     if (s < 0 || (uint32_t)s >= args.max_loras) {
@@ -143,62 +361,277 @@ __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
     }
     const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
     const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
-    if (k0 >= n) {
-        return;
-    }
-    const uint32_t rows_here = n - k0 < LMHEAD_ROWS ? n - k0 : LMHEAD_ROWS;
-    const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * args.h;
-    const uint16_t *w = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]) + (size_t)k0 * args.h;
+    const uint32_t h = args.h;
+    const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * h;
+    const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
+    const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
+    const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
+    const uint32_t first = LANES * lane; /* this thread's first element of a round */
 
-    /* Lane sums: p[lane] = p[lane] + x[i] * w[i] for i = lane, lane + 256, ... */
-    float p[LMHEAD_ROWS];
-#pragma unroll
-    for (uint32_t k = 0; k < LMHEAD_ROWS; k++) {
-        p[k] = 0.0f;
-    }
-    for (uint32_t i = lane; i < args.h; i += BLOCK) {
-        const float xi = bf16_to_f32(x[i]);
-#pragma unroll
-        for (uint32_t k = 0; k < LMHEAD_ROWS; k++) {
-            if (k < rows_here) {
-                p[k] = __fadd_rn(p[k], __fmul_rn(xi, bf16_to_f32(w[(size_t)k * args.h + i])));
+    /* Block-uniform: every thread reaches each barrier below. */
+    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
+        const uint32_t k = k0 + cell;
+        const bool live = k < n;
+        const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
+        const uint32_t id = live ? ids[k] : UINT32_MAX;
+        float acc[LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < LANES; i++) {
+            acc[i] = 0.0f;
+        }
+        for (uint32_t c0 = 0; c0 < h; c0 += X_CHUNK) {
+            /* Stage elements c0 .. c0 + X_CHUNK of the hidden row (0 past h). */
+            __syncthreads(); /* the previous chunk is read */
+            for (uint32_t v = threadIdx.x; v < X_CHUNK / 8; v += BLOCK) {
+                xs[v] = load8_bf16(x, c0 + 8 * v, h, vectors);
+            }
+            __syncthreads();
+            if (!live) {
+                continue;
+            }
+            const uint32_t rounds = (h - c0 < X_CHUNK ? h - c0 + TOVL_DOT_LANES - 1 : X_CHUNK) / TOVL_DOT_LANES;
+            for (uint32_t r0 = 0; r0 < rounds; r0 += ROUNDS_AHEAD) {
+                uint4 wv[ROUNDS_AHEAD];
+                TOVL_HIP_UNROLL
+                for (uint32_t j = 0; j < ROUNDS_AHEAD; j++) {
+                    const uint32_t e = c0 + (r0 + j) * TOVL_DOT_LANES + first;
+                    if (r0 + j < rounds && e < h) {
+                        wv[j] = load8_bf16(w, e, h, vectors);
+                    }
+                }
+                TOVL_HIP_UNROLL
+                for (uint32_t j = 0; j < ROUNDS_AHEAD; j++) {
+                    const uint32_t at = (r0 + j) * TOVL_DOT_LANES + first; /* within the chunk */
+                    const uint32_t e = c0 + at;
+                    if (r0 + j >= rounds || e >= h) {
+                        continue;
+                    }
+                    const uint4 xv = xs[at / 8];
+                    TOVL_HIP_UNROLL
+                    for (uint32_t i = 0; i < LANES; i++) {
+                        if (e + i < h) {
+                            acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_of(xv, i), bf16_of(wv[j], i)));
+                        }
+                    }
+                }
             }
         }
+        const float v = lmhead_tree(acc);
+        if (live && lane == 0 && id < args.vocab) {
+            store_logit<F32_LOGITS>(args, t, id, v);
+        }
     }
+}
 
-    /* The tree: p[l] = p[l] + p[l + stride] for stride 128, 64, ..., 1. */
-#pragma unroll
-    for (uint32_t k = 0; k < LMHEAD_ROWS; k++) {
-        partial[k][lane] = p[k];
-    }
+/* ---- Larger batches: tiles of up to TILE_ROWS rows of one slot. ---- */
+constexpr uint32_t TILE_ROWS = 8;         /* rows of one slot a block takes */
+constexpr uint32_t TILE_X_CHUNK = 1024;   /* elements of each row staged at a time: 16 KiB of LDS */
+static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_X_CHUNK / 8) % BLOCK == 0, "whole jobs");
+
+/* Inclusive prefix sum of v over the block's threads (in thread order) and
+ * the block's total; every thread calls it. Through LDS with a barrier per
+ * step, so it does not depend on the wavefront width. */
+__device__ static inline uint32_t block_scan(uint32_t v, uint32_t (&scratch)[BLOCK], uint32_t &total) {
+    const uint32_t tid = threadIdx.x;
+    __syncthreads(); /* scratch is free */
+    scratch[tid] = v;
     __syncthreads();
-    for (uint32_t stride = BLOCK / 2; stride > 0; stride /= 2) {
-        if (lane < stride) {
-#pragma unroll
-            for (uint32_t k = 0; k < LMHEAD_ROWS; k++) {
-                partial[k][lane] = __fadd_rn(partial[k][lane], partial[k][lane + stride]);
+    for (uint32_t d = 1; d < BLOCK; d *= 2) {
+        const uint32_t add = tid >= d ? scratch[tid - d] : 0u;
+        __syncthreads();
+        scratch[tid] += add;
+        __syncthreads();
+    }
+    total = scratch[BLOCK - 1];
+    return scratch[tid];
+}
+
+/* Which (slot, group of TILE_ROWS rows) block x does for the overlay rows
+ * from k0: the x-th, counting the groups of every slot with overlay rows
+ * past k0, slot by slot, BLOCK slots at a time. False: x is past them. */
+__device__ static bool lmhead_pick(const tovl_lmhead_overlay_args &args, uint32_t x, uint32_t k0, uint32_t &slot,
+                                   uint32_t &group) {
+    __shared__ uint32_t count[BLOCK], scratch[BLOCK], pick[3];
+    const uint32_t tid = threadIdx.x;
+    uint32_t before = 0; /* groups of the windows before; the same in every thread */
+    for (uint32_t base = 0; base < args.max_loras; base += BLOCK) {
+        __syncthreads(); /* the previous window's counts and pick are read */
+        count[tid] = 0;
+        if (tid == 0) {
+            pick[0] = 0;
+        }
+        __syncthreads();
+        for (uint32_t t = tid; t < args.T; t += BLOCK) {
+            const int32_t s = row_slot(args.row_slots, args.active_slot, t);
+            if (s >= 0 && (uint32_t)s < args.max_loras && (uint32_t)s - base < BLOCK) {
+                atomicAdd(&count[(uint32_t)s - base], 1u);
             }
         }
         __syncthreads();
+        const uint32_t s = base + tid;
+        uint32_t groups = 0;
+        if (s < args.max_loras) {
+            const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
+            const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+            groups = n > k0 ? (count[tid] + TILE_ROWS - 1) / TILE_ROWS : 0u;
+        }
+        uint32_t total;
+        const uint32_t end = before + block_scan(groups, scratch, total);
+        if (groups > 0 && x >= end - groups && x < end) {
+            pick[0] = 1;
+            pick[1] = s;
+            pick[2] = x - (end - groups);
+        }
+        __syncthreads();
+        if (pick[0]) {
+            slot = pick[1];
+            group = pick[2];
+            return true;
+        }
+        before += total;
     }
+    return false;
+}
 
-    if (lane < rows_here) {
-        const uint32_t id = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s])[k0 + lane];
-        if (id < args.vocab) {
-            const size_t cell = (size_t)t * args.ld + id;
-            if (F32_LOGITS) {
-                ptr<uint32_t>(args.logits)[cell] = f32_out_bits(partial[lane][0]);
-            } else {
-                ptr<uint16_t>(args.logits)[cell] = f32_to_bf16(partial[lane][0]);
+/* Rows g * TILE_ROWS .. + TILE_ROWS of slot s, in increasing t, into rows;
+ * returns how many there are. */
+__device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &args, uint32_t s, uint32_t g,
+                                             uint32_t (&rows)[TILE_ROWS]) {
+    __shared__ uint32_t scratch[BLOCK];
+    const uint32_t tid = threadIdx.x, first = g * TILE_ROWS;
+    uint32_t found = 0; /* rows of slot s before this pass; the same in every thread */
+    for (uint32_t base = 0; base < args.T && found < first + TILE_ROWS; base += BLOCK) {
+        const uint32_t t = base + tid;
+        const bool mine = t < args.T && row_slot(args.row_slots, args.active_slot, t) == (int32_t)s;
+        uint32_t total;
+        const uint32_t rank = found + block_scan(mine ? 1u : 0u, scratch, total) - 1u;
+        if (mine && rank >= first && rank < first + TILE_ROWS) {
+            rows[rank - first] = t;
+        }
+        found += total;
+    }
+    __syncthreads(); /* rows are written */
+    return found > first ? (found - first < TILE_ROWS ? found - first : TILE_ROWS) : 0u;
+}
+
+/* Block (x, y): the x-th group of up to TILE_ROWS rows of one slot (in
+ * increasing t; lmhead_pick) times overlay rows 8 y .. 8 y + 7 of that
+ * slot, a row group per overlay row. The group's hidden rows are staged in
+ * LDS, TILE_X_CHUNK elements of each at a time, so each overlay row is read
+ * once for up to TILE_ROWS rows and each hidden row once for 8 overlay rows.
+ * Each dot takes the order of lmhead_rows (thread p: lanes 8p .. 8p + 7;
+ * the same tree). The grid has a block per row (x < T), more than the
+ * groups can number: a block past ceil(T / TILE_ROWS) + min(max_loras, T),
+ * a bound on them, leaves at once. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
+    __shared__ uint4 xs[TILE_ROWS][TILE_X_CHUNK / 8];
+    __shared__ uint32_t rows_of[TILE_ROWS];
+    const uint32_t x = blockIdx.x;
+    const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
+    if (x >= bound) {
+        return; /* the whole block: no group can be this one */
+    }
+    const uint32_t h = args.h;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP, first = LANES * lane;
+    uint32_t s, g;
+    if (!lmhead_pick(args, x, blockIdx.y * LMHEAD_ROWS, s, g)) {
+        return; /* uniform: x is past the batch's groups */
+    }
+    const uint32_t len = lmhead_group_rows(args, s, g, rows_of);
+    const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
+    const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+    const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
+    const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
+    const uint16_t *hidden = ptr<const uint16_t>(args.hidden);
+    const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
+        const uint32_t k = k0 + cell;
+        const bool live = k < n;
+        const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
+        const uint32_t id = live ? ids[k] : UINT32_MAX;
+        float acc[TILE_ROWS][LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t m = 0; m < TILE_ROWS; m++) {
+            TOVL_HIP_UNROLL
+            for (uint32_t i = 0; i < LANES; i++) {
+                acc[m][i] = 0.0f;
+            }
+        }
+        for (uint32_t c0 = 0; c0 < h; c0 += TILE_X_CHUNK) {
+            __syncthreads(); /* the previous chunk is read */
+            for (uint32_t v = threadIdx.x; v < TILE_ROWS * TILE_X_CHUNK / 8; v += BLOCK) {
+                const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
+                uint4 value = {0, 0, 0, 0};
+                if (m < len) {
+                    value = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
+                }
+                xs[m][col] = value;
+            }
+            __syncthreads();
+            if (!live) {
+                continue;
+            }
+            const uint32_t rounds =
+                (h - c0 < TILE_X_CHUNK ? h - c0 + TOVL_DOT_LANES - 1 : TILE_X_CHUNK) / TOVL_DOT_LANES;
+            constexpr uint32_t CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES;
+            uint4 wv[CHUNK_ROUNDS];
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
+                const uint32_t e = c0 + j * TOVL_DOT_LANES + first;
+                if (j < rounds && e < h) {
+                    wv[j] = load8_bf16(w, e, h, vectors);
+                }
+            }
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
+                const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
+                if (j >= rounds || e >= h) {
+                    continue;
+                }
+                TOVL_HIP_UNROLL
+                for (uint32_t m = 0; m < TILE_ROWS; m++) {
+                    if (m < len) {
+                        const uint4 xv = xs[m][at / 8];
+                        TOVL_HIP_UNROLL
+                        for (uint32_t i = 0; i < LANES; i++) {
+                            if (e + i < h) {
+                                acc[m][i] = __fadd_rn(acc[m][i], __fmul_rn(bf16_of(xv, i), bf16_of(wv[j], i)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t m = 0; m < TILE_ROWS; m++) {
+            if (m < len) { /* block-uniform: the shuffles see the whole wavefront */
+                const float v = lmhead_tree(acc[m]);
+                if (live && lane == 0 && id < args.vocab) {
+                    store_logit<F32_LOGITS>(args, rows_of[m], id, v);
+                }
             }
         }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
-    lmhead_overlay<false>(args);
+/* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
+template <bool F32_LOGITS>
+__device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
+    if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
+        lmhead_tiles<F32_LOGITS>(args);
+    } else {
+        lmhead_rows<F32_LOGITS>(args);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK) lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
-    lmhead_overlay<true>(args);
+} // namespace tovl_hip
+
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
+    tovl_hip::lmhead_overlay<false>(args);
+}
+
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
+    tovl_hip::lmhead_overlay<true>(args);
 }

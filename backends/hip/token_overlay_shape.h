@@ -1,17 +1,36 @@
 /* The launch shape of the HIP kernels, shared by token_overlay.hip and the
- * host code that maps the core's logical grids onto it (plain C and C++). */
+ * host code that maps the core's logical grids onto it (hip_geometry.c,
+ * hip_on_cuda.h). Plain C and C++.
+ *
+ * Every block has 256 threads, made of row groups of 32 threads: a group is
+ * a whole warp on NVIDIA and RDNA (wave32) and half a wavefront on CDNA
+ * (wave64), so no shape here depends on the warp width.
+ *   rowdiff           a row group per row, 8 rows per block: grid ceil(rows / 8)
+ *   embed_overlay     a block per token: grid T
+ *   lmhead_overlay_*  a block per (token t, 8 overlay rows of its slot), a row
+ *                     group per overlay row: grid (T, ceil(max_n / 8)),
+ *                     y capped at 65535 (the blocks then loop over columns)
+ */
 #ifndef TOVL_HIP_TOKEN_OVERLAY_SHAPE_H
 #define TOVL_HIP_TOKEN_OVERLAY_SHAPE_H
 
-/* Threads per block for every kernel: one per dot lane (TOVL_DOT_LANES). */
+/* Threads per block for every kernel. */
 #define TOVL_HIP_BLOCK_THREADS 256
-/* lmhead_overlay_*: overlay rows one block computes (it loads hidden[t] once
- * for all of them); grid.y = ceil(max_n / this). */
-#define TOVL_HIP_LMHEAD_ROWS_PER_BLOCK 8
+/* Threads of a row group (rowdiff's row, an lm_head overlay row). */
+#define TOVL_HIP_GROUP_THREADS 32
+/* rowdiff: rows per block. */
+#define TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK (TOVL_HIP_BLOCK_THREADS / TOVL_HIP_GROUP_THREADS)
+/* lmhead_overlay_*: overlay rows one block computes for its token, a row
+ * group each; grid.y = ceil(max_n / this). */
+#define TOVL_HIP_LMHEAD_ROWS_PER_BLOCK (TOVL_HIP_BLOCK_THREADS / TOVL_HIP_GROUP_THREADS)
 
-/* The lm_head kernels' grid.y in blocks for the logical grid.y (max_n). */
-static inline unsigned int tovl_hip_lmhead_blocks_y(unsigned int max_n) {
-    return max_n / TOVL_HIP_LMHEAD_ROWS_PER_BLOCK + (max_n % TOVL_HIP_LMHEAD_ROWS_PER_BLOCK != 0);
-}
+/* lmhead_overlay_*: from this many rows T on, block x of the same grid
+ * takes the x-th group of up to 8 rows of one slot (tiles: each overlay row
+ * read once per group rather than once per row); below it, block x is token
+ * x. A choice on the device from the arguments alone, so the grid and the
+ * launch are the same either way. */
+#ifndef TOVL_HIP_LMHEAD_TILE_MIN_T /* the kernel emulation also builds the kernels with 1: tiles always */
+#define TOVL_HIP_LMHEAD_TILE_MIN_T 64
+#endif
 
 #endif

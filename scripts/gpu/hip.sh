@@ -8,7 +8,14 @@
 #      the CPU reference, bit for bit, with a fresh seed and two fixed ones;
 #   2. the same under compute-sanitizer memcheck and racecheck (the LDS tree),
 #      each under a time limit (the whole GPU suite is one 10-minute command);
-#   3. the HIP backend itself on that machine: unavailable, with its reason.
+#   3. the HIP backend itself on that machine: unavailable, with its reason;
+#   4. tovl bench on the HIP port's source (the same cubin, --cuda-image) and
+#      on the CUDA port, one after the other in this run with one seed, and
+#      the two side by side (scripts/lib/bench_side_by_side.py): rowdiff and
+#      its fraction of copy, the idle dispatch, embed and lm_head bf16 at
+#      T = 1, 8, 64, 512. The HIP source is launched through the CUDA
+#      backend's convention for another port's module: plain launches, no
+#      programmatic dependent launch. TOVL_HIP_BENCH=0 leaves this out.
 # Logs go to $OUT/hip (default /tmp/tovl-gpu-out/hip); a summary prints last.
 # TOVL_HIP_SANITIZERS (default "memcheck racecheck"; synccheck and initcheck
 # also work) and TOVL_HIP_SANITIZER_TIMEOUT (seconds per tool, default 150)
@@ -17,6 +24,9 @@ set -uo pipefail
 part=hip step_tail=8
 source "$(dirname "$0")/../lib/gpu-part.sh"
 test_bin=$build/tests/test_hip_on_cuda
+hip_cubin=$build/tests/token_overlay_hip_on_cuda.cubin
+tovl=$build/tools/tovl
+bench_tokens=1,8,64,512
 
 if [ ! -x "$test_bin" ]; then
   echo "hip: $test_bin was not built (it needs nvcc and the CUDA backend in $build)"
@@ -49,6 +59,21 @@ step test-hip "$build/tests/test_hip" --verbose
 "$build/tools/tovl" devices > "$out/devices.log" 2>&1
 hip_line=$(grep -m1 '^hip ' "$out/devices.log")
 
+# 4. The HIP source's figures beside the CUDA port's, one run, one seed.
+bench_table=""
+if [ "${TOVL_HIP_BENCH:-1}" != 0 ]; then
+  step bench-hip-source "$tovl" bench --cuda-image "$hip_cubin" --tokens "$bench_tokens" --seed "$fresh_seed" \
+    --json "$out/bench-hip-source.json"
+  step bench-cuda-port "$tovl" bench --backend cuda --tokens "$bench_tokens" --seed "$fresh_seed" \
+    --json "$out/bench-cuda-port.json"
+  if [ -s "$out/bench-hip-source.json" ] && [ -s "$out/bench-cuda-port.json" ]; then
+    python3 scripts/lib/bench_side_by_side.py "$out/bench-cuda-port.json" "CUDA port" \
+      "$out/bench-hip-source.json" "HIP source on an NVIDIA GPU" > "$out/bench-side-by-side.md" 2>&1 ||
+      summary+=("FAIL  bench-side-by-side (see bench-side-by-side.md)")
+    bench_table=$out/bench-side-by-side.md
+  fi
+fi
+
 echo
 echo "=== hip summary (seeds $fresh_seed 1 20261129; logs in $out)"
 echo "machine:    $(cat "$out/gpu.txt")"
@@ -59,5 +84,9 @@ for log in "$out"/conform-seed-*.log; do
     "$(grep -cE '^conform .* ok$' "$log")" "$(grep -cE '^conform .* FAIL' "$log")" "$(grep -cE '^conform .* SKIP' "$log")"
 done
 echo "hip here:   ${hip_line:-?}"
+if [ -n "$bench_table" ]; then
+  echo "bench:      tovl bench --tokens $bench_tokens --seed $fresh_seed, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
+  cat "$bench_table"
+fi
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^FAIL'

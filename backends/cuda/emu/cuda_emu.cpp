@@ -80,8 +80,8 @@ void context_switch(Context &save, Context &load) {
     swapcontext(&save.uc, &load.uc);
 #endif
 }
-constexpr unsigned WARP = 32;
-constexpr unsigned ALL_LANES = 0xFFFFFFFFu;
+/* Lanes per warp: 32 (NVIDIA; RDNA's wave32) or 64 (CDNA's wave64), per launch. */
+constexpr unsigned MAX_WARP = 64;
 
 enum class State { Ready, Waiting, Done };
 
@@ -103,13 +103,14 @@ struct Gate {
 struct WarpCollective {
     Gate deposit, collect;
     const char *op = nullptr;
-    uint32_t value[WARP];
+    uint32_t value[MAX_WARP];
 };
 
 struct Launch {
     KernelThunk kernel = nullptr;
     const void *args = nullptr;
     emu_dim3 grid{}, block{}, block_index{};
+    unsigned warp = 32; /* lanes per warp of this launch */
     std::vector<Fiber> fibers;
     std::vector<WarpCollective> warps;
     Gate block_gate;
@@ -170,19 +171,25 @@ void arrive(Gate &gate, unsigned expected) {
 unsigned lanes_in_warp(unsigned warp) {
     const Launch &L = *g_launch;
     const unsigned threads = (unsigned)L.fibers.size();
-    return std::min(WARP, threads - warp * WARP);
+    return std::min(L.warp, threads - warp * L.warp);
+}
+
+/* The mask naming every lane of a warp of this launch. */
+uint64_t all_lanes() {
+    return g_launch->warp == 64 ? ~(uint64_t)0 : 0xFFFFFFFFu;
 }
 
 /* Enter a warp collective: all lanes must be alive and do the same one. */
-WarpCollective &collective_begin(const char *op, unsigned mask, uint32_t value) {
+WarpCollective &collective_begin(const char *op, uint64_t mask, uint32_t value) {
     Launch &L = *g_launch;
     Fiber *self = L.current;
     const unsigned lanes = lanes_in_warp(self->warp);
-    if (mask != ALL_LANES) {
-        stop("%s with mask 0x%08x: the kernels use full warps only", op, mask);
+    if (mask != all_lanes()) {
+        stop("%s with mask 0x%llx in a warp of %u lanes: the kernels use full warps only", op,
+             (unsigned long long)mask, L.warp);
     }
     for (unsigned l = 0; l < lanes; l++) {
-        if (L.fibers[self->warp * WARP + l].state == State::Done) {
+        if (L.fibers[self->warp * L.warp + l].state == State::Done) {
             stop("%s while lane %u of the warp has exited", op, l);
         }
     }
@@ -284,6 +291,9 @@ const emu_dim3 &block_dim() {
 const emu_dim3 &grid_dim() {
     return g_launch->grid;
 }
+unsigned warp_size() {
+    return g_launch->warp;
+}
 
 void syncthreads() {
     Launch &L = *g_launch;
@@ -293,25 +303,25 @@ void syncthreads() {
     arrive(L.block_gate, (unsigned)L.fibers.size());
 }
 
-void syncwarp(unsigned mask) {
+void syncwarp(uint64_t mask) {
     collective_end(collective_begin("__syncwarp", mask, 0));
 }
 
-unsigned ballot(unsigned mask, bool predicate) {
-    WarpCollective &c = collective_begin("__ballot_sync", mask, predicate);
-    unsigned result = 0;
+uint64_t ballot(uint64_t mask, bool predicate) {
+    WarpCollective &c = collective_begin("ballot", mask, predicate);
+    uint64_t result = 0;
     for (unsigned l = 0; l < lanes_in_warp(g_launch->current->warp); l++) {
-        result |= (c.value[l] ? 1u : 0u) << l;
+        result |= (uint64_t)(c.value[l] ? 1u : 0u) << l;
     }
     collective_end(c);
     return result;
 }
 
-unsigned match_any(unsigned mask, uint32_t value) {
+uint64_t match_any(uint64_t mask, uint32_t value) {
     WarpCollective &c = collective_begin("__match_any_sync", mask, value);
-    unsigned result = 0;
+    uint64_t result = 0;
     for (unsigned l = 0; l < lanes_in_warp(g_launch->current->warp); l++) {
-        result |= (c.value[l] == value ? 1u : 0u) << l;
+        result |= (uint64_t)(c.value[l] == value ? 1u : 0u) << l;
     }
     collective_end(c);
     return result;
@@ -319,30 +329,49 @@ unsigned match_any(unsigned mask, uint32_t value) {
 
 namespace {
 /* The value lane `from` deposited; a lane past the warp (unsigned wrap
- * included, for shfl_up) keeps its own, as CUDA's shuffles do. */
-uint32_t shuffle_from(const char *op, unsigned mask, uint32_t bits, unsigned from) {
+ * included, for shfl_up) keeps its own, as CUDA's and HIP's shuffles do. */
+uint32_t shuffle_from(const char *op, uint64_t mask, uint32_t bits, unsigned from) {
     WarpCollective &c = collective_begin(op, mask, bits);
-    const uint32_t result = from < WARP ? c.value[from] : bits;
+    const uint32_t result = from < g_launch->warp ? c.value[from] : bits;
     collective_end(c);
     return result;
 }
+
+/* Shuffles over segments of `width` lanes (a power of two, at most the
+ * warp): lane `lane`'s segment starts at its lane rounded down to width. */
+unsigned segment_base(unsigned width) {
+    const unsigned w = width == 0 || width > g_launch->warp ? g_launch->warp : width;
+    if (w & (w - 1)) {
+        stop("shuffle width %u is not a power of two", width);
+    }
+    return g_launch->current->lane & ~(w - 1);
+}
+unsigned segment_width(unsigned width) {
+    return width == 0 || width > g_launch->warp ? g_launch->warp : width;
+}
 } // namespace
 
-uint32_t shfl_idx(unsigned mask, uint32_t bits, unsigned src_lane) {
-    /* CUDA takes the source lane modulo the warp width. */
-    return shuffle_from("__shfl_sync", mask, bits, src_lane % WARP);
+uint32_t shfl_idx(uint64_t mask, uint32_t bits, unsigned src_lane, unsigned width) {
+    /* The source lane is taken modulo the segment width. */
+    return shuffle_from("shfl", mask, bits, segment_base(width) + src_lane % segment_width(width));
 }
 
-uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta) {
-    return shuffle_from("__shfl_down_sync", mask, bits, g_launch->current->lane + delta);
+uint32_t shfl_down(uint64_t mask, uint32_t bits, unsigned delta, unsigned width) {
+    const unsigned base = segment_base(width), lane = g_launch->current->lane;
+    const unsigned from = lane - base + delta < segment_width(width) ? lane + delta : UINT32_MAX;
+    return shuffle_from("shfl_down", mask, bits, from);
 }
 
-uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta) {
-    return shuffle_from("__shfl_up_sync", mask, bits, g_launch->current->lane - delta);
+uint32_t shfl_up(uint64_t mask, uint32_t bits, unsigned delta, unsigned width) {
+    const unsigned base = segment_base(width), lane = g_launch->current->lane;
+    const unsigned from = lane - base >= delta ? lane - delta : UINT32_MAX;
+    return shuffle_from("shfl_up", mask, bits, from);
 }
 
-uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask) {
-    return shuffle_from("__shfl_xor_sync", mask, bits, g_launch->current->lane ^ lane_mask);
+uint32_t shfl_xor(uint64_t mask, uint32_t bits, unsigned lane_mask, unsigned width) {
+    const unsigned base = segment_base(width), lane = g_launch->current->lane;
+    const unsigned from = lane ^ lane_mask;
+    return shuffle_from("shfl_xor", mask, bits, from - base < segment_width(width) ? from : lane);
 }
 
 void check_aligned(const void *p, size_t alignment) {
@@ -353,17 +382,20 @@ void check_aligned(const void *p, size_t alignment) {
 
 } // namespace tovl_emu
 
-extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
-                                            const void *args, uint64_t seed) {
-    using namespace tovl_emu;
-    KernelThunk kernel = find_kernel(function);
+namespace tovl_emu {
+
+tovl_status run_kernel(const char *port, const char *function, KernelThunk kernel, const uint32_t grid[3],
+                       const uint32_t block[3], const void *args, uint64_t seed, unsigned warp) {
     if (!kernel) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: no kernel named %s", function);
+        return tovl_error(TOVL_ERR_LAUNCH, "%s-emu: no kernel named %s", port, function);
+    }
+    if (warp != 32 && warp != 64) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s-emu: warp width %u (32 or 64)", port, warp);
     }
     const uint64_t threads = (uint64_t)block[0] * block[1] * block[2];
-    if (threads == 0 || threads > 1024 || threads % WARP != 0) {
-        return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s with %llu threads per block", function,
-                          (unsigned long long)threads);
+    if (threads == 0 || threads > 1024 || threads % warp != 0) {
+        return tovl_error(TOVL_ERR_LAUNCH, "%s-emu: %s with %llu threads per block (whole warps of %u)", port,
+                          function, (unsigned long long)threads, warp);
     }
     static Launch launch;
     Launch &L = launch;
@@ -372,11 +404,12 @@ extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t
     L.args = args;
     L.grid = {grid[0], grid[1], grid[2]};
     L.block = {block[0], block[1], block[2]};
+    L.warp = warp;
     L.failed = false;
     L.error.clear();
     L.order.seed(seed);
     L.fibers.resize(threads);
-    L.warps.resize(threads / WARP);
+    L.warps.resize(threads / warp);
     unsigned i = 0;
     for (unsigned z = 0; z < block[2]; z++) {
         for (unsigned y = 0; y < block[1]; y++) {
@@ -386,8 +419,8 @@ extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t
                     f.stack.resize(STACK_BYTES);
                 }
                 f.tid = {x, y, z};
-                f.warp = i / WARP;
-                f.lane = i % WARP;
+                f.warp = i / warp;
+                f.lane = i % warp;
             }
         }
     }
@@ -396,10 +429,19 @@ extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t
             for (unsigned x = 0; x < grid[0]; x++) {
                 L.block_index = {x, y, z};
                 if (!run_block()) {
-                    return tovl_error(TOVL_ERR_LAUNCH, "cuda-emu: %s: %s", function, L.error.c_str());
+                    return tovl_error(TOVL_ERR_LAUNCH, "%s-emu: %s (warp of %u): %s", port, function, warp,
+                                      L.error.c_str());
                 }
             }
         }
     }
     return TOVL_OK;
+}
+
+} // namespace tovl_emu
+
+extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
+                                            const void *args, uint64_t seed) {
+    /* NVIDIA's warps are 32 wide: the CUDA port's kernels assume it. */
+    return tovl_emu::run_kernel("cuda", function, tovl_emu::find_kernel(function), grid, block, args, seed, 32);
 }

@@ -62,15 +62,21 @@ const emu_dim3 &thread_idx();
 const emu_dim3 &block_idx();
 const emu_dim3 &block_dim();
 const emu_dim3 &grid_dim();
+/* Lanes per warp of the running launch: 32, or 64 for AMD's wave64. */
+unsigned warp_size();
 
+/* Warp collectives. A mask must name every lane of the warp (0xFFFFFFFF in
+ * a warp of 32, all 64 bits in one of 64): a 32-bit CUDA mask in a 64-wide
+ * warp stops the launch. Shuffles act on segments of `width` lanes (a power
+ * of two; 0 or more than the warp: the whole warp), as CUDA's and HIP's do. */
 void syncthreads();
-void syncwarp(unsigned mask);
-unsigned ballot(unsigned mask, bool predicate);
-unsigned match_any(unsigned mask, uint32_t value);
-uint32_t shfl_idx(unsigned mask, uint32_t bits, unsigned src_lane);
-uint32_t shfl_down(unsigned mask, uint32_t bits, unsigned delta);
-uint32_t shfl_up(unsigned mask, uint32_t bits, unsigned delta);
-uint32_t shfl_xor(unsigned mask, uint32_t bits, unsigned lane_mask);
+void syncwarp(uint64_t mask);
+uint64_t ballot(uint64_t mask, bool predicate);
+uint64_t match_any(uint64_t mask, uint32_t value);
+uint32_t shfl_idx(uint64_t mask, uint32_t bits, unsigned src_lane, unsigned width);
+uint32_t shfl_down(uint64_t mask, uint32_t bits, unsigned delta, unsigned width);
+uint32_t shfl_up(uint64_t mask, uint32_t bits, unsigned delta, unsigned width);
+uint32_t shfl_xor(uint64_t mask, uint32_t bits, unsigned lane_mask, unsigned width);
 void check_aligned(const void *p, size_t alignment);
 
 template <typename T>
@@ -93,6 +99,7 @@ inline T from_bits(uint32_t b) {
 #define blockIdx (::tovl_emu::block_idx())
 #define blockDim (::tovl_emu::block_dim())
 #define gridDim (::tovl_emu::grid_dim())
+#define warpSize (::tovl_emu::warp_size())
 
 inline void __syncthreads() {
     tovl_emu::syncthreads();
@@ -100,30 +107,32 @@ inline void __syncthreads() {
 inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
     tovl_emu::syncwarp(mask);
 }
+/* CUDA's: 32-bit masks and results (its warps are 32 wide). */
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    return tovl_emu::ballot(mask, predicate != 0);
+    return (unsigned)tovl_emu::ballot(mask, predicate != 0);
 }
 inline int __any_sync(unsigned mask, int predicate) {
     return tovl_emu::ballot(mask, predicate != 0) != 0;
 }
 inline unsigned __match_any_sync(unsigned mask, unsigned value) {
-    return tovl_emu::match_any(mask, value);
+    return (unsigned)tovl_emu::match_any(mask, value);
 }
 template <typename T>
-inline T __shfl_sync(unsigned mask, T value, int src_lane) {
-    return tovl_emu::from_bits<T>(tovl_emu::shfl_idx(mask, tovl_emu::bits_of(value), (unsigned)src_lane));
+inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
+    return tovl_emu::from_bits<T>(
+        tovl_emu::shfl_idx(mask, tovl_emu::bits_of(value), (unsigned)src_lane, (unsigned)width));
 }
 template <typename T>
-inline T __shfl_down_sync(unsigned mask, T value, unsigned delta) {
-    return tovl_emu::from_bits<T>(tovl_emu::shfl_down(mask, tovl_emu::bits_of(value), delta));
+inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_down(mask, tovl_emu::bits_of(value), delta, (unsigned)width));
 }
 template <typename T>
-inline T __shfl_up_sync(unsigned mask, T value, unsigned delta) {
-    return tovl_emu::from_bits<T>(tovl_emu::shfl_up(mask, tovl_emu::bits_of(value), delta));
+inline T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_up(mask, tovl_emu::bits_of(value), delta, (unsigned)width));
 }
 template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T value, unsigned lane_mask) {
-    return tovl_emu::from_bits<T>(tovl_emu::shfl_xor(mask, tovl_emu::bits_of(value), lane_mask));
+inline T __shfl_xor_sync(unsigned mask, T value, unsigned lane_mask, int width = 32) {
+    return tovl_emu::from_bits<T>(tovl_emu::shfl_xor(mask, tovl_emu::bits_of(value), lane_mask, (unsigned)width));
 }
 /* Fibers switch only at barriers and collectives: a plain add is atomic. */
 inline unsigned atomicAdd(unsigned *p, unsigned v) {

@@ -1,0 +1,112 @@
+/*
+ * The HIP port's kernels (backends/hip/token_overlay.hip) run on the host by
+ * the kernel emulation (backends/cuda/emu, with backends/hip/emu/hip_emu.h
+ * for HIP's built-ins), launched with the HIP backend's own geometry, at the
+ * two wavefront widths of AMD GPUs: 64 (CDNA: gfx908, gfx90a, gfx940) and 32
+ * (RDNA: gfx1030, gfx1100). Each is checked bit for bit against the CPU
+ * reference through the whole conformance suite and on batches of the
+ * benchmark's shape. No AMD GPU exists to run the code objects; this runs the
+ * port's source, its ballots and shuffles at either width, and its dot order.
+ * Threads resume in a random order after each barrier (seeded), so a missing
+ * barrier shows up as a mismatch.
+ */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "conform.h"
+#include "hip/emu/hip_emu_api.h"
+#include "test_cuda_common.h"
+#include "testutil.h"
+
+static tovl_backend *open_emu(unsigned warp, bool tiles, const char *salt) {
+    tu_rng r = tu_rng_for(salt);
+    tovl_backend *be = NULL;
+    cr_assert_eq(tovl_hip_emu_backend_open(warp, tiles, tu_next(&r), &be), TOVL_OK, "%s", tovl_last_error());
+    return be;
+}
+
+/* The suite as the kernels run it (a block per token below
+ * TOVL_HIP_LMHEAD_TILE_MIN_T rows, tiles from there), or with lm_head's
+ * tiles at every T. */
+static void conform_at(unsigned warp, bool tiles, const char *salt) {
+    tovl_backend *ref = NULL, *emu = open_emu(warp, tiles, salt);
+    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
+    cr_assert_str_eq(tovl_backend_property(emu, "subgroup_size"), warp == 64 ? "64" : "32");
+    tu_rng r = tu_rng_for(salt);
+    uint64_t seed = tu_next(&r);
+    fprintf(stderr, "conform on %s, seed %" PRIu64 "\n", tovl_backend_device(emu), seed);
+    tovl_conform_report rep = {0};
+    size_t failed = tovl_conform_backend(ref, emu, seed, stderr, &rep);
+    cr_expect_eq(failed, 0, "%zu conformance cases failed on %s (seed %" PRIu64 ")", failed,
+                 tovl_backend_device(emu), seed);
+    cr_expect_eq(rep.count, tovl_conform_case_count());
+    cr_expect_eq(rep.skipped, 0, "denormals are kept: no case may skip");
+    cr_expect_eq(rep.passed, rep.count);
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(emu);
+    tovl_backend_close(ref);
+}
+
+Test(hip_emu, conformance_wave64, .timeout = 900) {
+    conform_at(64, false, "hip_emu_wave64");
+}
+
+Test(hip_emu, conformance_wave32, .timeout = 900) {
+    conform_at(32, false, "hip_emu_wave32");
+}
+
+Test(hip_emu, conformance_wave64_lmhead_tiles, .timeout = 900) {
+    conform_at(64, true, "hip_emu_wave64_tiles");
+}
+
+Test(hip_emu, conformance_wave32_lmhead_tiles, .timeout = 900) {
+    conform_at(32, true, "hip_emu_wave32_tiles");
+}
+
+/* Batches the conformance cases do not reach, at both widths: the
+ * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 (a block per
+ * token) and 64 and 512 (tiles of one slot's rows), slots past the first 32
+ * with odd h on either side of TOVL_HIP_LMHEAD_TILE_MIN_T, slots in two
+ * windows of the tiles' slot count (300 slots), and one active slot. */
+static void batches_at(unsigned warp) {
+    static const cuda_scenario scenarios[] = {
+        {"hip_bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false},
+        {"hip_bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false},
+        {"hip_bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false},
+        {"hip_slots_past_32", 40, 4099, 3001, 48, 12, 1, 4, 19, false, true},
+        {"hip_slots_past_32_tiles", 100, 4099, 3001, 48, 12, 1, 4, 19, false, true},
+        {"hip_two_slot_windows", 600, 260, 4000, 300, 280, 3, 1, 3, false, false},
+        {"hip_active_slot", 300, 1000, 2000, 4, 1, 2, 1, 9, true, false},
+    };
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        tovl_backend *emu = open_emu(warp, false, scenarios[i].name);
+        tu_rng r = tu_rng_for(scenarios[i].name);
+        cuda_run_against_cpu(emu, &scenarios[i], tu_next(&r));
+        tovl_backend_close(emu);
+    }
+}
+
+Test(hip_emu, batches_wave64, .timeout = 900) {
+    batches_at(64);
+}
+
+Test(hip_emu, batches_wave32, .timeout = 900) {
+    batches_at(32);
+}
+
+/* A 32-bit CUDA mask in a 64-wide warp is refused, and so is a width other
+ * than 32 or 64: the emulation cannot silently run a kernel at a width it
+ * does not model. */
+Test(hip_emu, refuses_other_widths) {
+    tovl_backend *be = NULL;
+    cr_assert_eq(tovl_hip_emu_backend_open(16, false, 1, &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_assert_null(be);
+    cr_assert(strstr(tovl_last_error(), "16") != NULL, "%s", tovl_last_error());
+    const uint32_t grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};
+    tovl_rowdiff_args a = {0};
+    cr_assert_eq(tovl_hip_emu_launch("rowdiff", grid, block, &a, 1, 48, false), TOVL_ERR_LAUNCH);
+    cr_assert_eq(tovl_hip_emu_launch("no_such_kernel", grid, block, &a, 1, 64, false), TOVL_ERR_LAUNCH);
+    cr_assert(strstr(tovl_last_error(), "no_such_kernel") != NULL, "%s", tovl_last_error());
+}
