@@ -70,7 +70,7 @@ if [ "$phase" != sanitize ]; then
   # machine's tools (llvm-objdump, spirv-dis, the build's cmake), which the GPU image lacks and
   # which CI runs on every submission.
   step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4 \
-    -E 'test_cpu_no_fma|test_hip_no_fused_fp|test_hip_fused_check_sees_contraction|test_vulkan_spirv_no_contraction|test_api_doc_lists_every_function'
+    -E 'test_tp_cli_|test_tp_bench_|test_cpu_no_fma|test_hip_no_fused_fp|test_hip_fused_check_sees_contraction|test_vulkan_spirv_no_contraction|test_api_doc_lists_every_function'
   ls /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ > "$OUT/vulkan-icds.txt" 2>&1
   VK_LOADER_DEBUG=error,warn,driver tovl_env build-gpu/tools/tovl devices > "$OUT/vulkan-loader.txt" 2>&1
   step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json"

@@ -201,8 +201,16 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
         rest_peft = torch.equal(logits[b][:, :vw][:, other[:vw]], ref_same_hidden[:, other[:vw]])
         # 4. the model's own logits (after any softcap) against the request run alone by its PEFT model
         if same_hidden:
-            assert torch.equal(final[b][:, :vw][:, other[:vw]], ref_final[:, other[:vw]]), \
-                f"row {b} ({name}): the model's logits differ from PEFT's alone outside the overridden cells"
+            got_rest, want_rest = final[b][:, :vw][:, other[:vw]], ref_final[:, other[:vw]]
+            if device == "cpu":
+                assert torch.equal(got_rest, want_rest), \
+                    f"row {b} ({name}): the model's logits differ from PEFT's alone outside the overridden cells"
+            else:
+                # cuBLAS picks its GEMM by shape, so the base product of a batch and of one request
+                # alone may round differently; tovl leaves those cells alone (checked in 3).
+                units = ((got_rest.float() - want_rest.float()).abs() / bf16_ulp(want_rest.float())).max().item()
+                assert units <= TOL_UNITS, \
+                    f"row {b} ({name}): the model's logits are {units} bf16 units from PEFT's alone outside the overridden cells"
             if cells.numel():
                 got, want = final[b][:, cells].float(), ref_final[:, cells].float()
                 units = ((got - want).abs() / bf16_ulp(want)).max().item()
