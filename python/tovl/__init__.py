@@ -29,6 +29,7 @@ from .core import (
     f32_to_bf16,
     rowdiff,
     version,
+    vocab_shard_range,
     write_safetensors,
 )
 from .errors import (
@@ -48,6 +49,7 @@ _TORCH_NAMES = {
     "backend_name_for": "ops",
     "AdapterPool": "pool",
     "SlotInfo": "pool",
+    "tp_from_distributed": "pool",
 }
 
 
@@ -71,5 +73,6 @@ __all__ = [
     "DeviceError", "FileFormatError", "InternalError", "InvalidInputError", "Model", "ModelInfo", "Overlay",
     "OverlaySet", "OverlayTables", "OverlayView", "SafetensorsFile", "SlotInfo", "TensorInfo", "TovlError",
     "UnavailableError", "__version__", "backend_name_for", "backends", "bf16_to_f32", "embed_overlay_",
-    "f32_to_bf16", "lmhead_overlay_", "rowdiff", "version", "write_safetensors",
+    "f32_to_bf16", "lmhead_overlay_", "rowdiff", "tp_from_distributed", "version", "vocab_shard_range",
+    "write_safetensors",
 ]

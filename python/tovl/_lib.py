@@ -237,6 +237,11 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
          POINTER(c_uint32)],
     ),
     "tovl_token_overlay_set_from_slots": (status, [P, POINTER(P), c_uint32, c_bool, POINTER(P)]),
+    "tovl_vocab_shard_range": (
+        status, [c_uint32, c_uint32, c_uint32, c_uint32, POINTER(c_uint32), POINTER(c_uint32)]),
+    "tovl_token_overlay_set_from_slots_shard": (
+        status, [P, POINTER(P), c_uint32, c_bool, c_uint32, c_uint32, POINTER(P)]),
+    "tovl_token_overlay_set_shard_range": (None, [P, POINTER(c_uint32), POINTER(c_uint32)]),
     "tovl_token_overlay_set_destroy": (None, [P]),
     "tovl_token_overlay_set_any_active": (c_bool, [P]),
     "tovl_token_overlay_set_vocab": (c_uint32, [P]),

@@ -565,15 +565,31 @@ class OverlayTables:
 _sets: "weakref.WeakValueDictionary[int, OverlaySet]" = weakref.WeakValueDictionary()
 
 
+VOCAB_PAD_DEFAULT = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (TOVL_VOCAB_PAD_DEFAULT)
+
+
+def vocab_shard_range(vocab: int, world_size: int, rank: int, pad_multiple: int = VOCAB_PAD_DEFAULT) -> tuple[int, int]:
+    """vLLM's vocab split (tovl_vocab_shard_range): `vocab` padded up to a multiple of
+    `pad_multiple`, cut into `world_size` equal ranges; rank `rank`'s [start, end) of it.
+    A range starting at or past `vocab` holds only padding: that rank builds no shard set."""
+    start, end = ctypes.c_uint32(), ctypes.c_uint32()
+    check(lib.tovl_vocab_shard_range(vocab, world_size, rank, pad_multiple, ctypes.byref(start),
+                                     ctypes.byref(end)))
+    return int(start.value), int(end.value)
+
+
 class OverlaySet(_Handle):
     """The device tables of `max_loras` slots (tovl_token_overlay_set_from_slots); None = empty slot.
 
+    `vocab_range=(start, end)` builds the set of one vocab shard under tensor parallelism
+    (tovl_token_overlay_set_from_slots_shard): its lm_head op patches the rank's logits shard
+    [T, >= end - start]; its embed op is the unsharded one.
     The set holds its own reference to each overlay: the Overlay objects may be closed after."""
 
     _what = "overlay set"
 
     def __init__(self, backend: Backend, overlays: Sequence[Optional[Overlay]], *, tied: bool,
-                 max_loras: Optional[int] = None) -> None:
+                 max_loras: Optional[int] = None, vocab_range: Optional[tuple[int, int]] = None) -> None:
         n = len(overlays) if max_loras is None else max_loras
         if n < len(overlays):
             raise invalid(f"OverlaySet: {len(overlays)} overlays for max_loras {n}")
@@ -585,7 +601,12 @@ class OverlaySet(_Handle):
                                   f"({ov.backend.name}, {ov.backend.device})")
                 arr[s] = ov.handle
         out = _out()
-        check(lib.tovl_token_overlay_set_from_slots(backend.handle, arr, n, tied, ctypes.byref(out)))
+        if vocab_range is None:
+            check(lib.tovl_token_overlay_set_from_slots(backend.handle, arr, n, tied, ctypes.byref(out)))
+        else:
+            start, end = vocab_range
+            check(lib.tovl_token_overlay_set_from_slots_shard(backend.handle, arr, n, tied, start, end,
+                                                               ctypes.byref(out)))
         self.backend = backend
         self.tied = tied
         self._own(int(out.value or 0), lib.tovl_token_overlay_set_destroy, backend)
@@ -595,6 +616,12 @@ class OverlaySet(_Handle):
         self.hidden: int = lib.tovl_token_overlay_set_hidden(h)
         self.max_n_override: int = lib.tovl_token_overlay_set_max_n_override(h)
         self.any_active: bool = bool(lib.tovl_token_overlay_set_any_active(h))
+        start_c, end_c = ctypes.c_uint32(), ctypes.c_uint32()
+        lib.tovl_token_overlay_set_shard_range(h, ctypes.byref(start_c), ctypes.byref(end_c))
+        #: the vocab range [start, end) the lm_head op patches: [0, vocab) for an unsharded set
+        self.shard_range: tuple[int, int] = (int(start_c.value), int(end_c.value))
+        #: whether the set was built for one vocab shard (vocab_range)
+        self.sharded: bool = vocab_range is not None
         # One argument struct per hook, reused by every call (the hooks copy it).
         self._embed_args = _lib.EmbedHookArgsC()
         self._embed_args_p = ctypes.pointer(self._embed_args)
@@ -603,8 +630,14 @@ class OverlaySet(_Handle):
         _sets[h] = self
 
     def __repr__(self) -> str:
-        return (f"tovl.OverlaySet(max_loras={self.max_loras}, vocab={self.vocab}, hidden={self.hidden}, "
+        shard = f", shard_range={self.shard_range}" if self.sharded else ""
+        return (f"tovl.OverlaySet(max_loras={self.max_loras}, vocab={self.vocab}, hidden={self.hidden}{shard}, "
                 f"backend={self.backend.name}, active={self.any_active})")
+
+    @property
+    def shard_width(self) -> int:
+        """The logits columns the lm_head op needs at least: end - start of shard_range."""
+        return self.shard_range[1] - self.shard_range[0]
 
     @property
     def tables(self) -> OverlayTables:

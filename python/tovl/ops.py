@@ -128,7 +128,11 @@ def _check_lmhead(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
     if len(size) != 2:
         raise shape(f"{op}: logits has shape {list(size)}, expected [T, vocab]")
     T, width = size
-    if width < s.vocab:
+    if s.sharded and width < s.shard_width:
+        start, end = s.shard_range
+        raise shape(f"{op}: logits has {width} columns, fewer than the set's shard width {s.shard_width} "
+                    f"(vocab shard [{start}, {end}))")
+    if not s.sharded and width < s.vocab:
         raise shape(f"{op}: logits has {width} columns, fewer than the set's vocab {s.vocab}")
     st = logits.stride()
     if width > 1 and st[1] != 1 or T > 1 and st[0] < width:

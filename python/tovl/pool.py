@@ -17,8 +17,9 @@ from typing import Any, Optional, Union
 
 import torch
 
-from .core import Adapter, AdapterRows, Backend, Model, Overlay, OverlaySet, PathLike
-from .errors import invalid
+from .core import (VOCAB_PAD_DEFAULT, Adapter, AdapterRows, Backend, Model, Overlay, OverlaySet, PathLike,
+                   vocab_shard_range)
+from .errors import invalid, shape
 from .ops import SlotsArg, backend_name_for, embed_overlay_, lmhead_overlay_
 
 
@@ -69,15 +70,31 @@ class _State:
         self.backend.close()
 
 
+def tp_from_distributed(group: Optional[Any] = None) -> tuple[int, int]:
+    """(rank, world_size) of `group` (default: the world) from torch.distributed, for
+    AdapterPool(..., tp=...); (0, 1) when torch.distributed is not initialized."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return int(dist.get_rank(group)), int(dist.get_world_size(group))
+
+
 class AdapterPool:
     """Adapters in `max_loras` slots over the base model at `base_dir`, served on `device`.
 
-    Slot values in a batch: 0 .. max_loras-1, or -1 (any value outside) for the base model."""
+    Slot values in a batch: 0 .. max_loras-1, or -1 (any value outside) for the base model.
+
+    `tp=(rank, world_size)` (e.g. tp_from_distributed()) serves one rank of a tensor-parallel
+    model with vLLM's vocab split (padded to a multiple of `tp_pad`): lmhead_ patches the rank's
+    logits shard [T, >= shard width]; embed_ patches the whole rows after the all-reduce."""
 
     def __init__(self, base_dir: PathLike, device: Union[torch.device, str] = "cpu", max_loras: int = 8,
-                 padded_vocab: int = 0) -> None:
+                 padded_vocab: int = 0, *, tp: Optional[tuple[int, int]] = None,
+                 tp_pad: int = VOCAB_PAD_DEFAULT) -> None:
         if max_loras < 1:
             raise invalid(f"AdapterPool: max_loras {max_loras} must be >= 1")
+        if tp is not None and (len(tp) != 2 or not 0 <= tp[0] < tp[1]):
+            raise invalid(f"AdapterPool: tp {tp!r} must be (rank, world_size) with 0 <= rank < world_size")
         device = torch.device(device)
         name = backend_name_for(device)
         if name != "cpu" and device.index is None:
@@ -91,6 +108,19 @@ class AdapterPool:
             backend.close()
             raise
         self.model = model
+        #: (rank, world_size) served; (0, 1) without tensor parallelism
+        self.tp: tuple[int, int] = (0, 1) if tp is None else (int(tp[0]), int(tp[1]))
+        try:
+            start, end = (0, model.info.vocab) if tp is None else vocab_shard_range(
+                model.info.vocab, self.tp[1], self.tp[0], tp_pad)
+        except BaseException:
+            model.close()
+            backend.close()
+            raise
+        #: the rank's range [start, end) of the padded vocab (its logits shard's columns)
+        self.shard_range: tuple[int, int] = (start, end)
+        # A range of padding only holds no cell: no shard set, lmhead_ does nothing.
+        self._has_lmhead_shard = start < model.info.vocab
         self._state = _State(backend, model)
         self._finalizer = weakref.finalize(self, self._state.close)
         self._state.overlays = [None] * max_loras
@@ -101,9 +131,11 @@ class AdapterPool:
 
     # -- the set --------------------------------------------------------------
     def _build_set(self, overlays: list[Optional[Overlay]]) -> OverlaySet:
-        # The one place a set is built: a pool serving one vocab shard will
-        # build it here with tovl_token_overlay_set_from_slots_shard.
-        return OverlaySet(self.backend, overlays, tied=self.model.info.tied, max_loras=self.max_loras)
+        # The one place a set is built: the rank's shard set under tensor parallelism
+        # (its embed op is the unsharded one), else (and on a padding-only rank) the full set.
+        shard = self.shard_range if self.tp[1] > 1 and self._has_lmhead_shard else None
+        return OverlaySet(self.backend, overlays, tied=self.model.info.tied, max_loras=self.max_loras,
+                          vocab_range=shard)
 
     def _swap(self, slot: int, overlay: Optional[Overlay], info: Optional[SlotInfo],
               stream: Optional[Any]) -> None:
@@ -181,7 +213,14 @@ class AdapterPool:
         return embed_overlay_(hidden, token_ids, slots, self.overlay_set)
 
     def lmhead_(self, logits: torch.Tensor, hidden: torch.Tensor, slots: SlotsArg) -> torch.Tensor:
-        """Patch the lm_head product `logits` of `hidden` in place (tovl.lmhead_overlay_)."""
+        """Patch the lm_head product `logits` of `hidden` in place (tovl.lmhead_overlay_); under
+        tensor parallelism `logits` is the rank's shard [..., >= shard width] of the padded vocab."""
+        if not self._has_lmhead_shard:
+            width = self.shard_range[1] - self.shard_range[0]
+            if logits.dim() < 1 or logits.shape[-1] < width:
+                raise shape(f"lmhead_: logits has shape {list(logits.shape)}, fewer columns than the "
+                            f"rank's shard width {width}")
+            return logits  # the rank's shard is padding only: no cell to patch
         return lmhead_overlay_(logits, hidden, slots, self.overlay_set)
 
     # -- lifetime ---------------------------------------------------------------
@@ -197,4 +236,5 @@ class AdapterPool:
 
     def __repr__(self) -> str:
         used = sum(s is not None for s in self._slots)
-        return f"tovl.AdapterPool({self.model.info.dir!r}, {self.device}, {used}/{self.max_loras} slots)"
+        tp = f", tp rank {self.tp[0]} of {self.tp[1]} {self.shard_range}" if self.tp[1] > 1 else ""
+        return f"tovl.AdapterPool({self.model.info.dir!r}, {self.device}, {used}/{self.max_loras} slots{tp})"
