@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Python package's check: a virtual environment with torch, transformers,
-# peft, pytest, numpy, safetensors and scikit-build-core from PyPI (created when
+# peft, pytest, numpy, safetensors, scikit-build-core and mypy from PyPI (created when
 # missing, reused when present), the tovl package installed into it from
 # python/ (its C library built by scikit-build-core with the project's CMake;
-# the build directory python/build/ is kept, so a rebuild is incremental), then
-# pytest over python/tests. Fails when pytest fails or collects nothing, and
+# the build directory python/build/ is kept, so a rebuild is incremental), mypy
+# --strict over the package's sources (python/pyproject.toml), then pytest over
+# python/tests. Fails when pytest fails or collects nothing, and
 # when any test skips for a reason other than a missing GPU.
 #
 # Usage: scripts/setup-python.sh [PYTEST ARGS...]
@@ -12,8 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${TOVL_VENV:-$HOME/.cache/tovl/venv}
-modules=(torch transformers peft pytest numpy safetensors scikit_build_core)
-packages=(torch transformers peft pytest numpy safetensors scikit-build-core)
+modules=(torch transformers peft pytest numpy safetensors scikit_build_core mypy)
+packages=(torch transformers peft pytest numpy safetensors scikit-build-core mypy)
 say() { echo "setup-python: $*"; }
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -34,6 +35,9 @@ say "installing the tovl package from python/"
 # The build requirements are the environment's own (scikit-build-core above),
 # so no isolated build environment is downloaded on every run.
 "$venv/bin/python" -m pip install -q --no-build-isolation --no-deps --force-reinstall ./python
+
+say "type-checking the package (mypy --strict)"
+(cd python && "$venv/bin/python" -m mypy tovl)
 
 report=$(mktemp "${TMPDIR:-/tmp}/tovl-pytest.XXXXXX.xml")
 trap 'rm -f "$report"' EXIT

@@ -283,21 +283,38 @@ def test_backend_choice_follows_torch_version_hip(monkeypatch: Any) -> None:
 
 
 def test_stream_is_torchs_current_one(monkeypatch: Any) -> None:
-    """torch's default stream (handle 0) is the legacy NULL stream: CUDA gets CU_STREAM_LEGACY,
-    since tovl reads NULL as its own stream; HIP's NULL is the null stream already."""
+    """The op passes torch's current stream of the set's device, read by torch's raw-stream reader
+    (or torch.cuda.current_stream where a build lacks it). torch's default stream (handle 0) is the
+    legacy NULL stream: CUDA gets CU_STREAM_LEGACY, since tovl reads NULL as its own stream; HIP's
+    NULL is the null stream already."""
 
     class FakeStream:
         def __init__(self, raw: int) -> None:
             self.cuda_stream = raw
 
     class FakeSet:
-        def __init__(self, name: str) -> None:
-            self.backend = type("B", (), {"name": name})()
+        def __init__(self, name: str, index: int) -> None:
+            self.backend = type("B", (), {"name": name, "device_index": index})()
+            self.hidden, self.vocab, self.sharded, self.shard_width = 8, 16, False, 16
 
     for raw, name, want in ((0, "cuda", 1), (0, "hip", 0), (0x7F00, "cuda", 0x7F00), (0x7F00, "hip", 0x7F00)):
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None, raw=raw: FakeStream(raw))
-        assert ops._stream(FakeSet(name), torch.device("cuda", 0)) == want  # type: ignore[arg-type]
-    assert ops._stream(FakeSet("cpu"), torch.device("cpu")) is None  # type: ignore[arg-type]
+        monkeypatch.setattr(torch.version, "hip", "6.2" if name == "hip" else None)
+        asked: list[Any] = []
+
+        def raw_reader(index: int, raw: int = raw) -> int:
+            asked.append(index)
+            return raw
+
+        def current_stream(device: Any = None, raw: int = raw) -> FakeStream:
+            asked.append(device)
+            return FakeStream(raw)
+
+        monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+        for reader in (raw_reader, None):
+            monkeypatch.setattr(ops, "_raw_stream_reader", lambda reader=reader: reader)
+            assert ops._Launch(FakeSet(name, 3)).stream() == want  # type: ignore[arg-type]
+        assert asked == [3, torch.device("cuda", 3)]
+    assert ops._Launch(FakeSet("cpu", None)).stream() is None  # type: ignore[arg-type]
 
 
 @needs_cuda

@@ -310,6 +310,14 @@ def _load() -> ctypes.CDLL:
 
 lib = _load()
 
+# The two hooks once more, typed on plain addresses: the torch ops' per-call path
+# (a POINTER argument costs a type check on every call).
+embed_hook_at = lib._FuncPtr(("tovl_embed_hook", lib))
+lmhead_hook_at = lib._FuncPtr(("tovl_lmhead_hook", lib))
+for _fn in (embed_hook_at, lmhead_hook_at):
+    _fn.restype = status
+    _fn.argtypes = [c_void_p, c_void_p, c_void_p, c_void_p]
+
 
 def has(name: str) -> bool:
     """Whether this build of the library exports `name` (backend-specific entry points)."""

@@ -627,6 +627,9 @@ class OverlaySet(_Handle):
         self._embed_args_p = ctypes.pointer(self._embed_args)
         self._lmhead_args = _lib.LmheadHookArgsC()
         self._lmhead_args_p = ctypes.pointer(self._lmhead_args)
+        # Plain addresses for the hooks' per-call path (_lib.embed_hook_at / lmhead_hook_at).
+        self._hook_addrs = (ctypes.addressof(backend._kernels), ctypes.addressof(self._embed_args),
+                            ctypes.addressof(self._lmhead_args))
         _sets[h] = self
 
     def __repr__(self) -> str:
@@ -651,7 +654,10 @@ class OverlaySet(_Handle):
         a = self._embed_args
         a.hidden, a.token_ids, a.slots, a.active_slot, a.T, a.hidden_size = (
             hidden, token_ids, slots, active_slot, T, hidden_size)
-        check(lib.tovl_embed_hook(self.handle, self.backend._kernels_p, self._embed_args_p, stream))
+        kernels, args, _ = self._hook_addrs
+        status = _lib.embed_hook_at(self.handle, kernels, args, stream)
+        if status:
+            check(status)
 
     def lmhead_hook(self, logits: int, logits_dtype: str, ld: int, hidden: int, T: int, hidden_size: int,
                     slots: int = 0, active_slot: int = -1, stream: Optional[int] = None) -> None:
@@ -660,7 +666,10 @@ class OverlaySet(_Handle):
         a.logits, a.ld, a.hidden, a.slots, a.active_slot, a.T, a.hidden_size = (
             logits, ld, hidden, slots, active_slot, T, hidden_size)
         a.logits_dtype = _LOGITS_DTYPES[logits_dtype]
-        check(lib.tovl_lmhead_hook(self.handle, self.backend._kernels_p, self._lmhead_args_p, stream))
+        kernels, _, args = self._hook_addrs
+        status = _lib.lmhead_hook_at(self.handle, kernels, args, stream)
+        if status:
+            check(status)
 
 
 _LOGITS_DTYPES = {"bf16": _lib.LOGITS_BF16, "f32": _lib.LOGITS_F32}

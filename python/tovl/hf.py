@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, Optional, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,8 @@ def _embed_scale(module: torch.nn.Module) -> torch.Tensor | None:
     """The scalar a scaled embedding module multiplies its gather by, else None (as PEFT reads it)."""
     scale = getattr(module, "embed_scale", None)
     if isinstance(scale, (int, float)):
-        return torch.tensor(scale, device=module.weight.device, dtype=module.weight.dtype)
+        weight = cast(torch.Tensor, module.weight)
+        return torch.tensor(scale, device=weight.device, dtype=weight.dtype)
     if isinstance(scale, torch.Tensor) and scale.numel() == 1:
         return scale
     return None
@@ -56,8 +57,9 @@ class Attachment:
     """A pool attached to one model; made by attach(). detach() (or leaving the `with`) removes it."""
 
     def __init__(self, model: torch.nn.Module, pool: Any) -> None:
-        embed = model.get_input_embeddings()
-        lmhead = model.get_output_embeddings()
+        hf_model = cast(Any, model)  # a transformers PreTrainedModel: typed as a plain Module here
+        embed: torch.nn.Module | None = hf_model.get_input_embeddings()
+        lmhead: torch.nn.Module | None = hf_model.get_output_embeddings()
         if embed is None:
             raise ValueError("tovl.hf.attach: model.get_input_embeddings() is None: no embedding to patch")
         weight = getattr(embed, "weight", None)
@@ -147,7 +149,8 @@ class Attachment:
         scale = _embed_scale(module)      # read per call: .to(device) replaces the buffer
         with torch.no_grad():
             if scale is not None:         # the module scales inside: patch the unscaled gather
-                rows = F.embedding(ids, module.weight, module.padding_idx)
+                rows = F.embedding(ids, cast(torch.Tensor, module.weight),
+                                   cast(Optional[int], getattr(module, "padding_idx", None)))
             else:
                 rows = output if output.is_contiguous() else output.contiguous()
             self.pool.embed_(rows.view(batch * seq, self.hidden_size), ids.reshape(-1),

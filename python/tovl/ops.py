@@ -14,7 +14,7 @@ raises tovl.InvalidInputError naming the argument and writes nothing.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -45,19 +45,57 @@ def backend_name_for(device: Union[torch.device, str]) -> str:
     raise invalid(f"tovl has no backend for {device.type!r} tensors (cpu or cuda)")
 
 
-def _set_device(s: OverlaySet) -> Optional[torch.device]:
-    """The torch device whose tensors `s` can patch (None: none, e.g. a Vulkan set), cached on the set."""
-    try:
-        return s._torch_device  # type: ignore[attr-defined,no-any-return]
-    except AttributeError:
+def _raw_stream_reader() -> Optional[Callable[[int], int]]:
+    """torch's own reader of a device's current raw stream (CUstream, or hipStream_t under ROCm):
+    one C call, where torch.cuda.current_stream(device) builds a Stream object per call."""
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+class _Launch:
+    """What the ops need per call about a set, looked up once: the torch device its tensors live on
+    (None: no torch device, e.g. a Vulkan set) and how to read that device's current stream."""
+
+    __slots__ = ("device", "index", "legacy_null", "read_stream", "hidden", "min_width")
+
+    def __init__(self, s: OverlaySet) -> None:
         be = s.backend
-        device: Optional[torch.device] = None
+        self.hidden = s.hidden
+        self.min_width = s.shard_width if s.sharded else s.vocab  # the logits columns the lm_head op needs
+        self.device: Optional[torch.device] = None
+        self.index = 0
+        self.legacy_null = be.name == "cuda"
+        self.read_stream = _raw_stream_reader()
         if be.name == "cpu":
-            device = torch.device("cpu")
+            self.device = torch.device("cpu")
         elif be.name in ("cuda", "hip") and backend_name_for("cuda") == be.name:
-            device = torch.device("cuda", be.device_index or 0)
-        s._torch_device = device  # type: ignore[attr-defined]
-        return device
+            self.index = be.device_index or 0
+            self.device = torch.device("cuda", self.index)
+
+    def stream(self) -> Optional[int]:
+        """The stream argument of the C hook: None on the CPU; else torch's current stream of the
+        device, its default (legacy NULL) stream passed as CU_STREAM_LEGACY to the CUDA backend."""
+        if self.device is None or self.device.type == "cpu":
+            return None
+        read = self.read_stream
+        raw = read(self.index) if read is not None else torch.cuda.current_stream(self.device).cuda_stream
+        if raw == 0 and self.legacy_null:
+            return _CU_STREAM_LEGACY
+        return raw
+
+
+def _launch(s: OverlaySet) -> _Launch:
+    """The set's _Launch, made on first use and kept on the set."""
+    try:
+        return s._launch  # type: ignore[attr-defined,no-any-return]
+    except AttributeError:
+        launch = _Launch(s)
+        s._launch = launch  # type: ignore[attr-defined]
+        return launch
+
+
+def _set_device(s: OverlaySet) -> Optional[torch.device]:
+    """The torch device whose tensors `s` can patch (None: none, e.g. a Vulkan set)."""
+    return _launch(s).device
 
 
 def _bad_set(s: OverlaySet, device: torch.device, op: str) -> Exception:
@@ -104,8 +142,40 @@ _EMBED, _LMHEAD = "tovl.embed_overlay_", "tovl.lmhead_overlay_"
 _IDS_DTYPES, _SLOTS_DTYPES = (torch.int32, torch.int64), (torch.int32,)
 
 
+_BF16, _F32, _I32, _I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
+
+
+def _rows_ok(L: _Launch, t: torch.Tensor, device: torch.device) -> int:
+    """The row count of `t` if it is hidden rows the set can take ([T, hidden] bf16, contiguous, on
+    `device`), else -1. The fast path of the checks below: a failure is then named by them."""
+    if t.dtype is not _BF16 or t.dim() != 2 or not t.is_contiguous() or t.device != device:
+        return -1
+    T, h = t.shape
+    return -1 if L.hidden and h != L.hidden else T
+
+
+def _vector_ok(t: Optional[torch.Tensor], T: int, device: torch.device, ids: bool) -> bool:
+    """Whether `t` is None (slots only) or a contiguous [T] vector on `device` of the right dtype."""
+    if t is None:
+        return not ids
+    dt = t.dtype
+    return ((dt is _I32 or ids and dt is _I64) and t.dim() == 1 and t.shape[0] == T and t.is_contiguous()
+            and t.device == device)
+
+
 def _check_embed(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
                  slots: Optional[torch.Tensor]) -> int:
+    L = _launch(s)
+    device = L.device
+    if device is not None:
+        T = _rows_ok(L, hidden, device)
+        if T >= 0 and _vector_ok(token_ids, T, device, True) and _vector_ok(slots, T, device, False):
+            return T
+    return _name_embed_fault(s, hidden, token_ids, slots)
+
+
+def _name_embed_fault(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
+                      slots: Optional[torch.Tensor]) -> int:
     device = hidden.device
     if device != _set_device(s):
         raise _bad_set(s, device, _EMBED)
@@ -118,6 +188,21 @@ def _check_embed(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
 
 def _check_lmhead(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
                   slots: Optional[torch.Tensor]) -> int:
+    L = _launch(s)
+    device = L.device
+    if device is not None:
+        dt = logits.dtype
+        if (dt is _BF16 or dt is _F32) and logits.dim() == 2 and logits.device == device:
+            T, width = logits.shape
+            st = logits.stride()
+            if (width >= L.min_width and (width <= 1 or st[1] == 1) and (T <= 1 or st[0] >= width)
+                    and _rows_ok(L, hidden, device) == T and _vector_ok(slots, T, device, False)):
+                return T
+    return _name_lmhead_fault(s, logits, hidden, slots)
+
+
+def _name_lmhead_fault(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
+                       slots: Optional[torch.Tensor]) -> int:
     op = _LMHEAD
     device = logits.device
     if device != _set_device(s):
@@ -148,12 +233,8 @@ _LOGITS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 def _stream(s: OverlaySet, device: torch.device) -> Optional[int]:
-    if device.type == "cpu":
-        return None
-    raw = torch.cuda.current_stream(device).cuda_stream
-    if raw == 0 and s.backend.name == "cuda":
-        return _CU_STREAM_LEGACY
-    return raw
+    """The C hook's stream argument for `s` (`device` is the set's own: the checks saw to it)."""
+    return _launch(s).stream()
 
 
 def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
@@ -165,8 +246,7 @@ def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slo
         # The kernel reads u32 ids; clamping keeps an id beyond 2^31 from wrapping onto a real one.
         token_ids = token_ids.clamp(-1, 2**31 - 1).to(torch.int32)
     s.embed_hook(hidden.data_ptr(), token_ids.data_ptr(), T, hidden.shape[1],
-                 0 if slots is None else slots.data_ptr(), active_slot,
-                 None if s.backend.name == "cpu" else _stream(s, hidden.device))
+                 0 if slots is None else slots.data_ptr(), active_slot, _launch(s).stream())
 
 
 def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
@@ -176,7 +256,7 @@ def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots
         return
     s.lmhead_hook(logits.data_ptr(), _LOGITS_DTYPES[logits.dtype], logits.stride(0) if T > 1 else logits.shape[1],
                   hidden.data_ptr(), T, hidden.shape[1], 0 if slots is None else slots.data_ptr(), active_slot,
-                  None if s.backend.name == "cpu" else _stream(s, logits.device))
+                  _launch(s).stream())
 
 
 def _embed_impl(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
