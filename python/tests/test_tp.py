@@ -4,7 +4,9 @@ fixtures with the embedding and lm_head sharded as vLLM shards them (vocab padde
 all-reduced, then the pool's embed op patches them; each rank computes its logits shard from the
 same final hidden rows and patches it with its shard set; the shards are all-gathered. Both equal
 one process with the full set, bit for bit, for tied and untied bases and mixed slots (-1 and out of
-range). Also vLLM's split rule, the padding-only rank, and the shard width check."""
+range). Also vLLM's split rule, the padding-only rank, and the shard width check. Where two or more
+CUDA GPUs exist, the same run goes over NCCL with one process per GPU, each serving its shard on
+its own device (test_tp_over_nccl_one_process_per_gpu; scripts/gpu/tp.sh runs it)."""
 
 from __future__ import annotations
 
@@ -72,9 +74,10 @@ class _SetOps:
         tovl.lmhead_overlay_(logits, hidden, slots, self.set)
 
 
-def _check_group(rank: int, world: int, base: str, padded_arg: int, dirs: list[str], g: np.random.Generator) -> None:
-    with tovl.AdapterPool(base, "cpu", MAX_LORAS, padded_arg) as full, \
-            tovl.AdapterPool(base, "cpu", MAX_LORAS, padded_arg, tp=tovl.tp_from_distributed()) as pool:
+def _check_group(rank: int, world: int, base: str, padded_arg: int, dirs: list[str], g: np.random.Generator,
+                 device: torch.device) -> None:
+    with tovl.AdapterPool(base, device, MAX_LORAS, padded_arg) as full, \
+            tovl.AdapterPool(base, device, MAX_LORAS, padded_arg, tp=tovl.tp_from_distributed()) as pool:
         assert pool.tp == (rank, world)
         m = full.model.info
         start, end = pool.shard_range
@@ -87,10 +90,11 @@ def _check_group(rank: int, world: int, base: str, padded_arg: int, dirs: list[s
         assert pool.overlay_set.shard_range == (start, end)
         embed = np.stack([full.model.embed_row(i) for i in range(m.vocab)])
         lm = np.stack([full.model.lmhead_row(i) for i in range(m.vocab)])
-        _compare(rank, world, embed, lm, overlaid, full, pool, g)
+        _compare(rank, world, embed, lm, overlaid, full, pool, g, device)
 
 
-def _check_synthetic(rank: int, world: int, vocab: int, hidden: int, tied: bool, g: np.random.Generator) -> None:
+def _check_synthetic(rank: int, world: int, vocab: int, hidden: int, tied: bool, g: np.random.Generator,
+                     device: torch.device) -> None:
     """Random base tables and overlays on a vocab of `vocab` (every rank seeded alike), served
     through OverlaySet(vocab_range=) and the ops directly; ids on every shard's edges."""
     edges = sorted({e for r in range(world) for e in vllm_range(vocab, world, r) if e < vocab} |
@@ -98,7 +102,7 @@ def _check_synthetic(rank: int, world: int, vocab: int, hidden: int, tied: bool,
     embed, lm = bf16_bits(g, (vocab, hidden)), bf16_bits(g, (vocab, hidden))
     if tied:
         lm = embed
-    be = tovl.Backend("cpu")
+    be = tovl.Backend("cpu") if device.type == "cpu" else tovl.Backend.for_device("cuda", device.index or 0)
     overlays: list[tovl.Overlay] = []
     try:
         overlaid: list[int] = []
@@ -114,7 +118,7 @@ def _check_synthetic(rank: int, world: int, vocab: int, hidden: int, tied: bool,
         with tovl.OverlaySet(be, slots, tied=tied) as full, \
                 tovl.OverlaySet(be, slots, tied=tied, vocab_range=(start, end)) as shard:
             assert shard.sharded and shard.shard_range == (start, end) and full.shard_range == (0, vocab)
-            _compare(rank, world, embed, lm, overlaid, _SetOps(full), _SetOps(shard), g)
+            _compare(rank, world, embed, lm, overlaid, _SetOps(full), _SetOps(shard), g, device)
     finally:
         for ov in overlays:
             ov.close()
@@ -122,9 +126,10 @@ def _check_synthetic(rank: int, world: int, vocab: int, hidden: int, tied: bool,
 
 
 def _compare(rank: int, world: int, embed_rows: np.ndarray, lm_rows: np.ndarray, overlaid: list[int],
-             full: Any, tp: Any, g: np.random.Generator) -> None:
+             full: Any, tp: Any, g: np.random.Generator, device: torch.device) -> None:
     """One rank's embedding (masked gather, all-reduce, embed_) and lm_head (its logits shard,
-    lmhead_, all_gather) against one process with the full set (`full`), bit for bit."""
+    lmhead_, all_gather) against one process with the full set (`full`), bit for bit; the tensors
+    and both sets on `device` (the rank's own GPU over NCCL)."""
     vocab, hidden = embed_rows.shape
     start, end = vllm_range(vocab, world, rank)
     padded = vllm_range(vocab, world, world - 1)[1]
@@ -136,23 +141,24 @@ def _compare(rank: int, world: int, embed_rows: np.ndarray, lm_rows: np.ndarray,
     ids = ids.astype(np.int64)
     slots = g.integers(-1, MAX_LORAS, size=T).astype(np.int32)
     slots[g.integers(T, size=4)] = np.array([-5, MAX_LORAS, MAX_LORAS + 3, -1], dtype=np.int32)
-    ids_t, slots_t = torch.from_numpy(ids), torch.from_numpy(slots)
+    ids_t, slots_t = torch.from_numpy(ids).to(device), torch.from_numpy(slots).to(device)
 
     # Embedding: the rank's rows of the padded table, zeros for ids outside its shard, all-reduced.
     embed = np.zeros((padded, hidden), dtype=np.uint16)
     embed[:vocab] = embed_rows
     own = (ids >= start) & (ids < end)
     local = np.where(own[:, None], embed[np.clip(ids, start, end - 1)], 0).astype(np.uint16)
-    hidden_tp = to_bf16(local).float()
+    hidden_tp = to_bf16(local).float().to(device)
     dist.all_reduce(hidden_tp)  # exactly one rank holds each row: the f32 sum is exact
     hidden_tp = hidden_tp.to(torch.bfloat16)
     tp.embed_(hidden_tp, ids_t, slots_t)
-    hidden_one = to_bf16(embed[ids])
+    hidden_one = to_bf16(embed[ids]).to(device)
     full.embed_(hidden_one, ids_t, slots_t)
-    assert np.array_equal(bits_of(hidden_tp), bits_of(hidden_one)), f"rank {rank}: embedding rows differ"
+    assert np.array_equal(bits_of(hidden_tp.cpu()), bits_of(hidden_one.cpu())), f"rank {rank}: embedding rows differ"
 
     # lm_head: the same final rows on every rank (seeded alike), the rank's shard of the product.
     final = bf16_bits(g, (T, hidden))
+    final_t = to_bf16(final).to(device)
     lm = np.zeros((padded, hidden), dtype=np.uint16)
     lm[:vocab] = lm_rows
     base_one = logits_of(final, lm)
@@ -160,12 +166,12 @@ def _compare(rank: int, world: int, embed_rows: np.ndarray, lm_rows: np.ndarray,
     wmax = vllm_range(vocab, world, 0)[1]
     for dtype in (torch.float32, torch.bfloat16):
         ld = wmax + 3  # a row stride past the shard: its extra columns must stay as poisoned
-        buf = torch.full((T, ld), 0.0, dtype=dtype)
+        buf = torch.full((T, ld), 0.0, dtype=dtype, device=device)
         buf.view(torch.int16 if dtype == torch.bfloat16 else torch.int32).fill_(
             SENTINEL if dtype == torch.bfloat16 else SENTINEL << 16)
         shard = buf[:, :width]
         shard.copy_(torch.from_numpy(base_one[:, start:end]).to(dtype))
-        tp.lmhead_(shard, to_bf16(final), slots_t)
+        tp.lmhead_(shard, final_t, slots_t)
         raw = buf.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
         assert bool((raw[:, width:] == (SENTINEL if dtype == torch.bfloat16 else SENTINEL << 16)).all()), \
             f"rank {rank}: written past its shard"
@@ -173,12 +179,12 @@ def _compare(rank: int, world: int, embed_rows: np.ndarray, lm_rows: np.ndarray,
         words = raw.clone().reshape(-1).view(torch.int32)
         gathered_words = [torch.empty_like(words) for _ in range(world)]
         dist.all_gather(gathered_words, words)
-        gathered = [w.view(raw.dtype).view(T, ld) for w in gathered_words]
+        gathered = [w.cpu().view(raw.dtype).view(T, ld) for w in gathered_words]
         cat = torch.cat([gathered[r][:, : vllm_range(vocab, world, r)[1] - vllm_range(vocab, world, r)[0]]
                          for r in range(world)], dim=1)
-        one = torch.from_numpy(base_one.copy()).to(dtype)  # .to(float32) would alias base_one
-        full.lmhead_(one, to_bf16(final), slots_t)
-        want = one.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+        one = torch.from_numpy(base_one.copy()).to(dtype).to(device)  # .to(float32) would alias base_one
+        full.lmhead_(one, final_t, slots_t)
+        want = one.cpu().view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
         assert cat.shape == (T, padded)
         assert torch.equal(cat[:, : vocab], want[:, : vocab]), f"rank {rank} {dtype}: logits differ"
         assert torch.equal(cat, want), f"rank {rank} {dtype}: padding columns differ"
@@ -186,15 +192,26 @@ def _compare(rank: int, world: int, embed_rows: np.ndarray, lm_rows: np.ndarray,
             "no lm_head cell was overlaid: the test would not see a wrong shard"
 
 
-def _rank_main(rank: int, world: int, port: int, seed: int, work: list[tuple[str, int, list[str]]]) -> None:
+def _rank_main(rank: int, world: int, port: int, seed: int, work: list[tuple[str, int, list[str]]],
+               comm: str = "gloo") -> None:
+    """One rank: "gloo" on CPU tensors, "nccl" on the rank's own GPU (cuda:rank), or "gloo-cuda":
+    gloo between ranks that share GPU 0 (NCCL takes one rank per GPU), the device path on one GPU."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = torch.device("cpu")
+    if comm != "gloo":
+        device = torch.device("cuda", rank if comm == "nccl" else 0)
+        torch.cuda.set_device(device)
+    dist.init_process_group(comm.removesuffix("-cuda"), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
     try:
         for k, (base, padded, dirs) in enumerate(work):
-            _check_group(rank, world, base, padded, dirs, np.random.default_rng([seed, k]))
+            _check_group(rank, world, base, padded, dirs, np.random.default_rng([seed, k]), device)
         for k, (vocab, hidden, tied) in enumerate(SYNTHETIC):
-            _check_synthetic(rank, world, vocab, hidden, tied, np.random.default_rng([seed, len(work) + k]))
+            _check_synthetic(rank, world, vocab, hidden, tied, np.random.default_rng([seed, len(work) + k]), device)
         dist.barrier()
+        if rank == 0:
+            print(f"test_tp: {world} ranks over {comm} on {device.type}: {len(work)} fixture groups and "
+                  f"{len(SYNTHETIC)} synthetic vocabs equal one process, bit for bit")
     finally:
         dist.destroy_process_group()
 
@@ -212,6 +229,29 @@ def test_tp_ranks_equal_one_process(world: int) -> None:
     assert {Path(b).name for b, _, _ in work} >= {"tied", "untied"}
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_rank_main, args=(world, _free_port(), seed, work), nprocs=world, join=True)
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_gpus() < 2, reason=f"needs 2 CUDA GPUs for NCCL (this machine has {_gpus()})")
+def test_tp_over_nccl_one_process_per_gpu() -> None:
+    """The run above over NCCL, one process per GPU (every GPU of the machine, up to 8); keep NVLink
+    multicast off where the machine asks it (NCCL_NVLS_ENABLE=0)."""
+    world = min(_gpus(), 8)
+    seed = int(rng(f"test_tp_over_nccl_one_process_per_gpu[{world}]").integers(2**32))
+    work = groups()
+    mp.spawn(_rank_main, args=(world, _free_port(), seed, work, "nccl"), nprocs=world, join=True)
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_tp_ranks_on_one_gpu() -> None:
+    """Two ranks (gloo) with their sets and tensors on GPU 0: the NCCL run's device path where one
+    GPU is all there is."""
+    seed = int(rng("test_tp_ranks_on_one_gpu").integers(2**32))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_rank_main, args=(2, _free_port(), seed, groups(), "gloo-cuda"), nprocs=2, join=True)
 
 
 def test_vocab_shard_range_is_vllms_split() -> None:
