@@ -11,17 +11,7 @@
 set -uo pipefail
 part=python step_tail=25 step_skip_ok=1   # pytest reports its own skips
 source "$(dirname "$0")/../lib/gpu-part.sh"
-lib=$(ls "$here/$build"/libtovl.so* 2>/dev/null | head -1)
-if [ -z "$lib" ]; then
-  echo "no libtovl.so in $build"; exit 1
-fi
-# The source tree stands in for the installed package: its metadata (the
-# version the tests compare with the library's) in a folder of its own.
-version=$(sed -n 's/^#define TOVL_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' include/tovl/tovl.h | paste -sd.)
-meta=$(mktemp -d)
-mkdir -p "$meta/tovl-$version.dist-info"
-printf 'Metadata-Version: 2.1\nName: tovl\nVersion: %s\n' "$version" > "$meta/tovl-$version.dist-info/METADATA"
-export TOVL_LIBRARY=$lib PYTHONPATH="$here/python:$meta${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python_env || exit 1
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
 "transformers", transformers.__version__, "peft", peft.__version__)' > "$out/versions.txt" 2>&1
 cat "$out/versions.txt"

@@ -13,7 +13,14 @@
 #      "2 4 8"): the shards checked bit for bit against the unsharded set at
 #      T = 512 and 64, then each rank's lm_head hook timed on its own logits
 #      shard beside the unsharded one (graph-replay medians; --hooks-only:
-#      no rowdiff, no copy bandwidth).
+#      no rowdiff, no copy bandwidth);
+#   4. over NCCL, one process per GPU, where two or more GPUs exist:
+#      bench/tp_nccl.py (each rank's lm_head shard on its own GPU, gathered
+#      and checked bit for bit against the unsharded set, timed beside it at
+#      T = 512 and 64); on one GPU, its --world 1 smoke run. The Python suite
+#      (scripts/gpu/python.sh) holds the NCCL check of the PEFT fixtures
+#      (test_tp.py: test_tp_over_nccl_one_process_per_gpu, which needs two
+#      GPUs, and test_tp_ranks_on_one_gpu).
 # Logs go to $OUT/tp (default /tmp/tovl-gpu-out/tp); a summary prints last.
 # Knobs: TOVL_TP_BENCH_ARGS (extra `tovl bench` options, e.g. "--quick
 # --tokens 8 --batch 1 --repeats 2" for a dry run on cpu or lavapipe),
@@ -52,6 +59,14 @@ for b in $bench_backends; do
   done
 done
 
+# 4. Over NCCL, one process per GPU.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -ge 1 ] && python_env; then
+  world=$([ "$gpus" -ge 2 ] && echo "$gpus" || echo 1)
+  step "nccl-world$world" env NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" \
+    python3 bench/tp_nccl.py --world "$world" --seed "$fresh_seed"
+fi
+
 echo
 echo "=== tp summary (seed $fresh_seed; logs in $out)"
 printf 'test_tp:    %s\n' "$(grep -m1 'Synthesis' "$out/test_tp.log")"
@@ -63,6 +78,12 @@ for log in "$out"/bench-*-tp*.log; do
   echo "$(basename "$log" .log):"
   sed -n '/^--tp /,/^$/p' "$log"
 done
+for log in "$out"/nccl-world*.log; do
+  [ -f "$log" ] || continue
+  echo "$(basename "$log" .log) (bench/tp_nccl.py; ${gpus} GPU(s) here):"
+  sed -n '/^ *T /,/^tp_nccl: /p' "$log"
+done
+[ "${gpus:-0}" -lt 2 ] && echo "nccl:       ${gpus:-0} GPU here: the two-GPU run needs a machine with two (its --world 1 smoke run above)"
 [ -z "$bench_backends" ] && echo "bench:      no cuda or hip backend present (TOVL_TP_BENCH_BACKENDS names others)"
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'

@@ -49,3 +49,18 @@ expect_ran_on() {
       summary+=("FAIL  $log: $b is present but the test did not run on it")
   done
 }
+
+# python_env: the GPU image's own python3 imports the package from python/
+# over $build/libtovl.so: TOVL_LIBRARY, PYTHONPATH (the source tree, and the
+# package's metadata, the version the tests compare with the library's, in a
+# folder of its own). Returns 1 when the build has no libtovl.so.
+python_env() {
+  local lib version meta
+  lib=$(ls "$here/$build"/libtovl.so* 2>/dev/null | head -1)
+  [ -n "$lib" ] || { echo "no libtovl.so in $build"; return 1; }
+  version=$(sed -n 's/^#define TOVL_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' "$here/include/tovl/tovl.h" | paste -sd.)
+  meta=$(mktemp -d)
+  mkdir -p "$meta/tovl-$version.dist-info"
+  printf 'Metadata-Version: 2.1\nName: tovl\nVersion: %s\n' "$version" > "$meta/tovl-$version.dist-info/METADATA"
+  export TOVL_LIBRARY=$lib PYTHONPATH="$here/python:$meta${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+}
