@@ -17,8 +17,16 @@
 //               as chain).
 // TOVL_EMBED_LOOKUP_ONLY: the shuffle variant's lookups without the copy
 // (a probe for `tovl bench`, never a hook: it writes nothing).
+// TOVL_EMBED_TOKENS (shuffle only): tokens per workgroup, a team of
+// 256 / TOVL_EMBED_TOKENS invocations each.
 #ifndef TOVL_EMBED_CELLS
 #define TOVL_EMBED_CELLS 0
+#endif
+#ifndef TOVL_EMBED_TOKENS
+#define TOVL_EMBED_TOKENS 1
+#endif
+#if TOVL_EMBED_TOKENS != 1 && TOVL_EMBED_CELLS != 1
+#error several tokens per workgroup only with the shuffle variant
 #endif
 #define TOVL_ARGS_EMBED_OVERLAY
 #include "common.glsl"
@@ -52,12 +60,15 @@ shared uvec2 shared_rows;
 shared uint shared_n;
 #endif
 
+const uint TEAM = 256u / TOVL_EMBED_TOKENS;
+
 void main() {
-    uint t = linear_group_xy();
-    if (t >= args.T) {
+    uint t = linear_group_xy() * TOVL_EMBED_TOKENS + gl_LocalInvocationIndex / TEAM;
+    uint tid = gl_LocalInvocationIndex % TEAM;
+    bool live = t < args.T;
+    if (TOVL_EMBED_TOKENS == 1 && !live) {
         return; // the whole workgroup
     }
-    uint tid = gl_LocalInvocationIndex;
 #if TOVL_EMBED_CELLS == 1
     const bool early = args.max_loras <= gl_SubgroupSize;
     SlotCells mine = SlotCells(uvec2(0u), uvec2(0u), 0u);
@@ -73,13 +84,14 @@ void main() {
 #else
     const bool early = false;
 #endif
-    uint id = U32In(args.token_ids).v[t];
-    int s = row_slot(args.token_slots, args.active_slot, t);
+    // (With several tokens a workgroup, past T an invocation still takes part
+    // in the shuffles.)
+    uint id = live ? U32In(args.token_ids).v[t] : 0u;
+    int s = live ? row_slot(args.token_slots, args.active_slot, t) : -1;
     bool valid = slot_valid(s, args.max_loras);
     SlotCells cells = SlotCells(uvec2(0u), uvec2(0u), 0u);
 #if TOVL_EMBED_CELLS == 1
-    // s is the same in the whole workgroup, and every invocation is still
-    // here: the shuffles see full subgroups.
+    // Every invocation is still here: the shuffles see full subgroups.
     uint lane_of_slot = valid && early ? uint(s) : 0u;
     cells.slot_map = subgroupShuffle(mine.slot_map, lane_of_slot);
     cells.rows = subgroupShuffle(mine.rows, lane_of_slot);
@@ -124,19 +136,19 @@ void main() {
         uint n8 = h / 8u;
         // Two 16-byte loads in flight before their stores (the views may
         // alias as far as the compiler knows, so it would not reorder them).
-        for (uint m = tid; m < n8; m += 512u) {
-            bool second = m + 256u < n8;
+        for (uint m = tid; m < n8; m += 2u * TEAM) {
+            bool second = m + TEAM < n8;
             uvec4 v0 = from.v[m];
-            uvec4 v1 = second ? from.v[m + 256u] : uvec4(0u);
+            uvec4 v1 = second ? from.v[m + TEAM] : uvec4(0u);
             to.v[m] = v0;
             if (second) {
-                to.v[m + 256u] = v1;
+                to.v[m + TEAM] = v1;
             }
         }
     } else {
         U16In from = U16In(src);
         U16Buf to = U16Buf(dst);
-        for (uint i = tid; i < h; i += 256u) {
+        for (uint i = tid; i < h; i += TEAM) {
             to.v[i] = from.v[i];
         }
     }

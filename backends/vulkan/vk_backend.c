@@ -160,6 +160,12 @@ static tovl_status finish_open(vk_ctx *ctx, uint32_t queue_index, tovl_backend *
         ctx->embed_choice = VK_EMBED_SHARED;
     } else if (strcmp(embed, "lookup") == 0) {
         ctx->embed_choice = VK_EMBED_LOOKUP;
+    } else if (strcmp(embed, "shuffle2") == 0) {
+        ctx->embed_choice = VK_EMBED_SHUFFLE2;
+    } else if (strcmp(embed, "shuffle4") == 0) {
+        ctx->embed_choice = VK_EMBED_SHUFFLE4;
+    } else if (strcmp(embed, "shuffle8") == 0) {
+        ctx->embed_choice = VK_EMBED_SHUFFLE8;
     } else {
         st = tovl_error(TOVL_ERR_INVALID_ARGUMENT,
                         "vulkan: TOVL_VULKAN_EMBED='%.32s': expected chain, shuffle, shared or unset", embed);

@@ -43,6 +43,9 @@ enum {
     VK_PIPELINE_EMBED_OVERLAY_SHUFFLE,
     VK_PIPELINE_EMBED_OVERLAY_SHARED,
     VK_PIPELINE_EMBED_OVERLAY_LOOKUP,
+    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2, /* 2, 4, 8 tokens a workgroup */
+    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4,
+    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8,
     VK_PIPELINE_COUNT
 };
 
@@ -57,7 +60,8 @@ typedef enum { VK_LMHEAD_AUTO, VK_LMHEAD_ROW, VK_LMHEAD_TILE } vk_lmhead_choice;
 
 /* How the embed shader finds the slot's table cells (TOVL_VULKAN_EMBED =
  * chain | shuffle | shared; shaders/embed_overlay.comp). */
-typedef enum { VK_EMBED_CHAIN, VK_EMBED_SHUFFLE, VK_EMBED_SHARED, VK_EMBED_LOOKUP } vk_embed_choice;
+typedef enum { VK_EMBED_CHAIN, VK_EMBED_SHUFFLE, VK_EMBED_SHARED, VK_EMBED_LOOKUP, VK_EMBED_SHUFFLE2, VK_EMBED_SHUFFLE4,
+               VK_EMBED_SHUFFLE8 } vk_embed_choice;
 
 /* One device allocation: a buffer with a device address, freed by address. */
 typedef struct vk_allocation {

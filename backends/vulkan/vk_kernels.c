@@ -64,6 +64,9 @@ VK_SPIRV(dispatch_floor);
 VK_SPIRV(embed_overlay_shuffle);
 VK_SPIRV(embed_overlay_shared);
 VK_SPIRV(embed_overlay_lookup);
+VK_SPIRV(embed_overlay_shuffle2);
+VK_SPIRV(embed_overlay_shuffle4);
+VK_SPIRV(embed_overlay_shuffle8);
 
 typedef struct vk_shader {
     const char *name;
@@ -83,6 +86,9 @@ static const vk_shader shaders[VK_PIPELINE_COUNT] = {
     [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE] = VK_SHADER(embed_overlay_shuffle),
     [VK_PIPELINE_EMBED_OVERLAY_SHARED] = VK_SHADER(embed_overlay_shared),
     [VK_PIPELINE_EMBED_OVERLAY_LOOKUP] = VK_SHADER(embed_overlay_lookup),
+    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2] = VK_SHADER(embed_overlay_shuffle2),
+    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4] = VK_SHADER(embed_overlay_shuffle4),
+    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8] = VK_SHADER(embed_overlay_shuffle8),
 };
 
 /* The kernels by name: their argument size (0: any, up to the push-constant
@@ -168,7 +174,7 @@ tovl_status tovl_vk_kernels_init(vk_ctx *ctx) {
         return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreatePipelineLayout: %s", tovl_vk_result_str(r));
     }
     for (int k = 0; k < VK_PIPELINE_COUNT; k++) {
-        if (!shaders[k].spirv || ((k == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE || k == VK_PIPELINE_EMBED_OVERLAY_LOOKUP) && !ctx->subgroup_shuffle)) {
+        if (!shaders[k].spirv || (k >= VK_PIPELINE_EMBED_OVERLAY_SHUFFLE && k != VK_PIPELINE_EMBED_OVERLAY_SHARED && !ctx->subgroup_shuffle)) {
             continue;
         }
         tovl_status st = create_pipeline(ctx, &shaders[k], &ctx->pipelines[k]);
@@ -230,6 +236,12 @@ static int embed_pipeline(const vk_ctx *ctx) {
     case VK_EMBED_LOOKUP:
         return ctx->pipelines[VK_PIPELINE_EMBED_OVERLAY_LOOKUP] ? VK_PIPELINE_EMBED_OVERLAY_LOOKUP
                                                                 : VK_PIPELINE_EMBED_OVERLAY;
+    case VK_EMBED_SHUFFLE2:
+    case VK_EMBED_SHUFFLE4:
+    case VK_EMBED_SHUFFLE8: {
+        const int p = VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2 + (int)(ctx->embed_choice - VK_EMBED_SHUFFLE2);
+        return ctx->pipelines[p] ? p : VK_PIPELINE_EMBED_OVERLAY;
+    }
     default: return VK_PIPELINE_EMBED_OVERLAY;
     }
 }
@@ -239,6 +251,9 @@ const char *tovl_vk_embed_choice_text(const vk_ctx *ctx) {
     case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE: return "shuffle";
     case VK_PIPELINE_EMBED_OVERLAY_SHARED: return "shared";
     case VK_PIPELINE_EMBED_OVERLAY_LOOKUP: return "lookup (probe: no copy)";
+    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2: return "shuffle, 2 tokens a workgroup";
+    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4: return "shuffle, 4 tokens a workgroup";
+    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8: return "shuffle, 8 tokens a workgroup";
     default: return ctx->embed_choice == VK_EMBED_SHUFFLE ? "chain (no subgroupShuffle)" : "chain";
     }
 }
@@ -270,6 +285,11 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
     }
     if (k == VK_KERNEL_EMBED_OVERLAY) {
         *pipeline = embed_pipeline(ctx);
+        const uint32_t tokens = *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2   ? 2
+                                : *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4 ? 4
+                                : *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8 ? 8
+                                                                                  : 1;
+        return spread_xy(ctx, name, ceil_div(grid[0], tokens), groups);
     }
     if (k != VK_KERNEL_LMHEAD_BF16 && k != VK_KERNEL_LMHEAD_F32) {
         return spread_xy(ctx, name, grid[0], groups); /* X and Y = the one logical index */
