@@ -9,7 +9,7 @@
 static const char *const kernel_names[] = {TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY,
                                            TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 static const char *const property_keys[] = {"driver", "subgroup_size", "f32_denormals", "float_controls",
-                                            "programmatic_dependent_launch", "embed_variant"};
+                                            "programmatic_dependent_launch"};
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl devices\n\nLists each backend: present or why not, its device, whether each of the\n"

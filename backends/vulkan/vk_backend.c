@@ -63,9 +63,6 @@ static const char *vk_property(void *vctx, const char *key) {
     if (strcmp(key, "lmhead_variant") == 0) {
         return tovl_vk_lmhead_choice_text(ctx);
     }
-    if (strcmp(key, "embed_variant") == 0) {
-        return tovl_vk_embed_choice_text(ctx);
-    }
     if (strcmp(key, "validation") == 0) {
         return ctx->validation ? "on" : "off";
     }
@@ -150,25 +147,6 @@ static tovl_status finish_open(vk_ctx *ctx, uint32_t queue_index, tovl_backend *
     } else {
         st = tovl_error(TOVL_ERR_INVALID_ARGUMENT, "vulkan: TOVL_VULKAN_LMHEAD='%.32s': expected row, tile or unset",
                         lmhead);
-    }
-    const char *embed = getenv("TOVL_VULKAN_EMBED");
-    if (st != TOVL_OK || !embed || !*embed || strcmp(embed, "chain") == 0) {
-        ctx->embed_choice = VK_EMBED_CHAIN;
-    } else if (strcmp(embed, "shuffle") == 0) {
-        ctx->embed_choice = VK_EMBED_SHUFFLE;
-    } else if (strcmp(embed, "shared") == 0) {
-        ctx->embed_choice = VK_EMBED_SHARED;
-    } else if (strcmp(embed, "lookup") == 0) {
-        ctx->embed_choice = VK_EMBED_LOOKUP;
-    } else if (strcmp(embed, "shuffle2") == 0) {
-        ctx->embed_choice = VK_EMBED_SHUFFLE2;
-    } else if (strcmp(embed, "shuffle4") == 0) {
-        ctx->embed_choice = VK_EMBED_SHUFFLE4;
-    } else if (strcmp(embed, "shuffle8") == 0) {
-        ctx->embed_choice = VK_EMBED_SHUFFLE8;
-    } else {
-        st = tovl_error(TOVL_ERR_INVALID_ARGUMENT,
-                        "vulkan: TOVL_VULKAN_EMBED='%.32s': expected chain, shuffle, shared or unset", embed);
     }
     if (st == TOVL_OK) {
         st = tovl_vk_memory_init(ctx);

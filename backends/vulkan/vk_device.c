@@ -411,8 +411,6 @@ void tovl_vk_describe_device(vk_ctx *ctx) {
         ctx->max_groups[i] = props->limits.maxComputeWorkGroupCount[i];
     }
     ctx->timestamp_period_ns = props->limits.timestampPeriod;
-    ctx->subgroup_shuffle = (p11.subgroupSupportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                            (p11.subgroupSupportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
 
     uint32_t nfam = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(ctx->physical, &nfam, NULL);

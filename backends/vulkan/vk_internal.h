@@ -40,12 +40,6 @@ enum {
     VK_PIPELINE_LMHEAD_BF16_ROW,
     VK_PIPELINE_LMHEAD_F32_ROW,
     VK_PIPELINE_FLOOR,
-    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE,
-    VK_PIPELINE_EMBED_OVERLAY_SHARED,
-    VK_PIPELINE_EMBED_OVERLAY_LOOKUP,
-    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2, /* 2, 4, 8 tokens a workgroup */
-    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4,
-    VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8,
     VK_PIPELINE_COUNT
 };
 
@@ -57,11 +51,6 @@ enum {
 
 /* Which lm_head variant runs (TOVL_VULKAN_LMHEAD = row | tile; default: by T). */
 typedef enum { VK_LMHEAD_AUTO, VK_LMHEAD_ROW, VK_LMHEAD_TILE } vk_lmhead_choice;
-
-/* How the embed shader finds the slot's table cells (TOVL_VULKAN_EMBED =
- * chain | shuffle | shared; shaders/embed_overlay.comp). */
-typedef enum { VK_EMBED_CHAIN, VK_EMBED_SHUFFLE, VK_EMBED_SHARED, VK_EMBED_LOOKUP, VK_EMBED_SHUFFLE2, VK_EMBED_SHUFFLE4,
-               VK_EMBED_SHUFFLE8 } vk_embed_choice;
 
 /* One device allocation: a buffer with a device address, freed by address. */
 typedef struct vk_allocation {
@@ -113,8 +102,6 @@ typedef struct vk_ctx {
     VkPipelineLayout layout;
     VkPipeline pipelines[VK_PIPELINE_COUNT];
     vk_lmhead_choice lmhead_choice;
-    vk_embed_choice embed_choice;
-    bool subgroup_shuffle; /* compute shaders may use subgroupShuffle */
 
     /* Device facts. */
     vk_float_controls float_controls;
@@ -178,8 +165,6 @@ tovl_status tovl_vk_record_floor(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel k
                                  const void *args, size_t args_size);
 /* Which lm_head variant runs, in words (the lmhead_variant property). */
 const char *tovl_vk_lmhead_choice_text(const vk_ctx *ctx);
-/* Which embed variant runs, in words (the embed_variant property). */
-const char *tovl_vk_embed_choice_text(const vk_ctx *ctx);
 
 /* Run a subnormal probe dot through lmhead_overlay_f32: true when the device
  * kept the subnormals (and did not fuse). */

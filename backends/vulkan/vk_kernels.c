@@ -61,12 +61,6 @@ VK_SPIRV(lmhead_overlay_f32);
 VK_SPIRV(lmhead_overlay_bf16_row);
 VK_SPIRV(lmhead_overlay_f32_row);
 VK_SPIRV(dispatch_floor);
-VK_SPIRV(embed_overlay_shuffle);
-VK_SPIRV(embed_overlay_shared);
-VK_SPIRV(embed_overlay_lookup);
-VK_SPIRV(embed_overlay_shuffle2);
-VK_SPIRV(embed_overlay_shuffle4);
-VK_SPIRV(embed_overlay_shuffle8);
 
 typedef struct vk_shader {
     const char *name;
@@ -83,12 +77,6 @@ static const vk_shader shaders[VK_PIPELINE_COUNT] = {
     [VK_PIPELINE_LMHEAD_BF16_ROW] = VK_SHADER(lmhead_overlay_bf16_row),
     [VK_PIPELINE_LMHEAD_F32_ROW] = VK_SHADER(lmhead_overlay_f32_row),
     [VK_PIPELINE_FLOOR] = VK_SHADER(dispatch_floor),
-    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE] = VK_SHADER(embed_overlay_shuffle),
-    [VK_PIPELINE_EMBED_OVERLAY_SHARED] = VK_SHADER(embed_overlay_shared),
-    [VK_PIPELINE_EMBED_OVERLAY_LOOKUP] = VK_SHADER(embed_overlay_lookup),
-    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2] = VK_SHADER(embed_overlay_shuffle2),
-    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4] = VK_SHADER(embed_overlay_shuffle4),
-    [VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8] = VK_SHADER(embed_overlay_shuffle8),
 };
 
 /* The kernels by name: their argument size (0: any, up to the push-constant
@@ -174,7 +162,7 @@ tovl_status tovl_vk_kernels_init(vk_ctx *ctx) {
         return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreatePipelineLayout: %s", tovl_vk_result_str(r));
     }
     for (int k = 0; k < VK_PIPELINE_COUNT; k++) {
-        if (!shaders[k].spirv || (k >= VK_PIPELINE_EMBED_OVERLAY_SHUFFLE && k != VK_PIPELINE_EMBED_OVERLAY_SHARED && !ctx->subgroup_shuffle)) {
+        if (!shaders[k].spirv) {
             continue;
         }
         tovl_status st = create_pipeline(ctx, &shaders[k], &ctx->pipelines[k]);
@@ -226,38 +214,6 @@ static bool lmhead_tiles(const vk_ctx *ctx, const tovl_lmhead_overlay_args *a) {
     }
 }
 
-/* The embed variant's pipeline; shuffle without subgroupShuffle runs chain. */
-static int embed_pipeline(const vk_ctx *ctx) {
-    switch (ctx->embed_choice) {
-    case VK_EMBED_SHUFFLE:
-        return ctx->pipelines[VK_PIPELINE_EMBED_OVERLAY_SHUFFLE] ? VK_PIPELINE_EMBED_OVERLAY_SHUFFLE
-                                                                 : VK_PIPELINE_EMBED_OVERLAY;
-    case VK_EMBED_SHARED: return VK_PIPELINE_EMBED_OVERLAY_SHARED;
-    case VK_EMBED_LOOKUP:
-        return ctx->pipelines[VK_PIPELINE_EMBED_OVERLAY_LOOKUP] ? VK_PIPELINE_EMBED_OVERLAY_LOOKUP
-                                                                : VK_PIPELINE_EMBED_OVERLAY;
-    case VK_EMBED_SHUFFLE2:
-    case VK_EMBED_SHUFFLE4:
-    case VK_EMBED_SHUFFLE8: {
-        const int p = VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2 + (int)(ctx->embed_choice - VK_EMBED_SHUFFLE2);
-        return ctx->pipelines[p] ? p : VK_PIPELINE_EMBED_OVERLAY;
-    }
-    default: return VK_PIPELINE_EMBED_OVERLAY;
-    }
-}
-
-const char *tovl_vk_embed_choice_text(const vk_ctx *ctx) {
-    switch (embed_pipeline(ctx)) {
-    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE: return "shuffle";
-    case VK_PIPELINE_EMBED_OVERLAY_SHARED: return "shared";
-    case VK_PIPELINE_EMBED_OVERLAY_LOOKUP: return "lookup (probe: no copy)";
-    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2: return "shuffle, 2 tokens a workgroup";
-    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4: return "shuffle, 4 tokens a workgroup";
-    case VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8: return "shuffle, 8 tokens a workgroup";
-    default: return ctx->embed_choice == VK_EMBED_SHUFFLE ? "chain (no subgroupShuffle)" : "chain";
-    }
-}
-
 static uint32_t ceil_div(uint64_t a, uint64_t b) {
     return (uint32_t)((a + b - 1) / b);
 }
@@ -282,14 +238,6 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
     if (k >= VK_KERNEL_FIRST_FLOOR) {
         groups[0] = groups[1] = groups[2] = 1;
         return TOVL_OK;
-    }
-    if (k == VK_KERNEL_EMBED_OVERLAY) {
-        *pipeline = embed_pipeline(ctx);
-        const uint32_t tokens = *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE2   ? 2
-                                : *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE4 ? 4
-                                : *pipeline == VK_PIPELINE_EMBED_OVERLAY_SHUFFLE8 ? 8
-                                                                                  : 1;
-        return spread_xy(ctx, name, ceil_div(grid[0], tokens), groups);
     }
     if (k != VK_KERNEL_LMHEAD_BF16 && k != VK_KERNEL_LMHEAD_F32) {
         return spread_xy(ctx, name, grid[0], groups); /* X and Y = the one logical index */
