@@ -10,15 +10,17 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4"},
+     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4", "lmhead_overlay_bf16_row4x",
+     "lmhead_overlay_bf16_row4x2", "lmhead_overlay_bf16_row4x4"},
     {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_row4"}};
+     "lmhead_overlay_f32_row4", "lmhead_overlay_f32_row4x", "lmhead_overlay_f32_row4x2",
+     "lmhead_overlay_f32_row4x4"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2",
-                                                                      "row4"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {
+    "large tiles", "small tiles", "row", "row2", "row4", "row4x", "row4x2", "row4x4"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -78,21 +80,23 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
-                     variant == TOVL_CUDA_VARIANT_ROW4;
+    const bool four_warps = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4X ||
+                            variant == TOVL_CUDA_VARIANT_ROW4X2 || variant == TOVL_CUDA_VARIANT_ROW4X4;
+    const bool row = four_warps || variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
     if (row) {
         if (a->T > GRID_X_MAX) {
             return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lm_head row variant over %u rows (at most %u)", a->T,
                               GRID_X_MAX);
         }
-        set_dims(out, a->T,
-                 variant == TOVL_CUDA_VARIANT_ROW4 ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
+        set_dims(out, a->T, four_warps ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
     } else {
         /* The slots' groups of BM rows number at most ceil(T / BM) plus one
          * per slot that has rows; a block finds its group on the device. */
         set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4    ? 1
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4X ? 1
+                             : variant == TOVL_CUDA_VARIANT_ROW4X2 ? TOVL_CUDA_LMHEAD_ROW4X2_CELLS
+                             : variant == TOVL_CUDA_VARIANT_ROW4X4 ? TOVL_CUDA_LMHEAD_ROW4X4_CELLS
                              : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
                              : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
                              : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
@@ -121,12 +125,14 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
     static const struct {
         tovl_cuda_variant variant;
-        uint32_t blocks_per_sm;
-    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM},
-                       {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM}};
-    for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
+        uint32_t blocks_per_sm, waves;
+    } rows_first[] = {{TOVL_CUDA_VARIANT_ROW4X, TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM, TOVL_CUDA_LMHEAD_ROW4X_WAVES},
+                      {TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM, 1},
+                      {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM, 1}};
+    for (size_t i = 0; i < sizeof rows_first / sizeof rows_first[0] && a->T <= GRID_X_MAX; i++) {
         tovl_status st = tovl_cuda_lmhead_shape(rows_first[i].variant, a, out);
-        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm) {
+        if (st != TOVL_OK ||
+            (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm * rows_first[i].waves) {
             return st;
         }
     }

@@ -31,8 +31,8 @@
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
  * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: and
- * row4). */
-#define TOVL_CUDA_PORT_ABI 11
+ * row4; 12: row4x, row4x2 and row4x4). */
+#define TOVL_CUDA_PORT_ABI 12
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -126,6 +126,29 @@
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16
+#endif
+
+/* The "row4x", "row4x2" and "row4x4" variants (lmhead_row.cuh): a block of
+ * ROW4_THREADS per (row t, 1, 2 or 4 overlay rows of its slot), grid (T,
+ * ceil(max_n / cells) capped at 65535); the rows loaded into registers by
+ * 16-byte loads, the products exchanged through 16 KB of shared memory per
+ * overlay row (at most two at once). BLOCKS_PER_SM: resident at once, also
+ * the register cap (8: 64, 6: 85, 4: 128). */
+#ifndef TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM 8
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4X2_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4X2_BLOCKS_PER_SM 6
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4X4_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4X4_BLOCKS_PER_SM 4
+#endif
+#define TOVL_CUDA_LMHEAD_ROW4X2_CELLS 2
+#define TOVL_CUDA_LMHEAD_ROW4X4_CELLS 4
+/* The host takes row4x while its grid is at most WAVES x BLOCKS_PER_SM x
+ * SMs blocks (0: never). */
+#ifndef TOVL_CUDA_LMHEAD_ROW4X_WAVES
+#define TOVL_CUDA_LMHEAD_ROW4X_WAVES 4
 #endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -365,6 +365,173 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     }
 }
 
+/* _row4x, _row4x2 and _row4x4 (decode batches): a block of four warps per
+ * row t and CELLS (1, 2 or 4) overlay rows, the products exchanged through
+ * shared memory. The closest prior design (vLLM PR #55796:
+ * docs/PERFORMANCE.md) streams both rows by 16-byte loads straight into
+ * registers, all in flight at once; these do the same, and the spec's order
+ * comes after the loads:
+ *
+ * - Loads. Warp u holds the spec's lanes 64 a + 16 u .. + 15 (a = 0..3) of
+ *   all 16 rounds of a 4096-element chunk: thread p loads, for j = 0..3, the
+ *   8 elements at lane 64 a + 16 u + 8 g of round p / 8 + 4 j (a = p / 2 %
+ *   4, g = p % 2), one 16-byte vector of each row (a warp's load is four
+ *   whole 128-byte pieces). The hidden row's vectors serve all the block's
+ *   overlay rows, whose loads are all issued before the first product.
+ * - Products. __fmul_rn of each element pair, stored as f32 into the warp's
+ *   own [round][64 lanes] array (two 16-byte stores a vector; the lanes'
+ *   places swizzled so that neither these stores nor the reads below meet a
+ *   bank twice), BUFFERS overlay rows at a time: only __syncwarp between
+ *   them and the sums, no block barrier.
+ * - Sums. Thread p of warp u owns lanes l = 64 (p / 16) + 16 u + p % 16 and
+ *   l + 128: each lane's sum adds its products round by round in increasing
+ *   element order by __fadd_rn, skipping elements past h.
+ * - Tree. Stride 128 in the thread (l + (l + 128)), stride 64 by one
+ *   shuffle (p + 16), then warp u's 16 values (lanes 16 u .. + 15) go to
+ *   shared memory; after one block barrier warp c (cell c) runs stride 32 and
+ *   strides 16 .. 1 by shuffles.
+ *
+ * Rows past 4096 elements take further chunks (sums carried in registers);
+ * blocks past CUDA's y limit take y + gridDim.y, ... too. */
+template <uint32_t CELLS_, uint32_t BLOCKS_PER_SM_>
+struct LmheadRow4xConfig {
+    static constexpr uint32_t CELLS = CELLS_; /* overlay rows per block */
+    static constexpr uint32_t BUFFERS = CELLS < 2 ? CELLS : 2; /* overlay rows' products in shared memory at once */
+    static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_ROW4_THREADS;
+    static constexpr uint32_t WARPS = THREADS / WARP;
+    static constexpr uint32_t ROUNDS = 16;     /* 256-element rounds of a chunk */
+    static constexpr uint32_t WARP_LANES = 64; /* spec lanes a warp sums */
+    static constexpr uint32_t VECTORS = 4;     /* per thread, row and chunk: 16 bytes each */
+    static constexpr uint32_t BLOCKS_PER_SM = BLOCKS_PER_SM_;
+    static_assert(WARPS * WARP_LANES == TOVL_DOT_LANES, "four warps of 64 lanes");
+    static_assert(VECTORS * 8 * THREADS == ROUNDS * TOVL_DOT_LANES, "a chunk is 4 vectors a thread");
+    static_assert(CELLS <= WARPS && CELLS % BUFFERS == 0, "a warp per cell for the tree's last strides");
+};
+using LmheadRow4x = LmheadRow4xConfig<1, TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM>;
+using LmheadRow4x2 = LmheadRow4xConfig<2, TOVL_CUDA_LMHEAD_ROW4X2_BLOCKS_PER_SM>;
+using LmheadRow4x4 = LmheadRow4xConfig<4, TOVL_CUDA_LMHEAD_ROW4X4_BLOCKS_PER_SM>;
+
+/* Where lane c (0..63) of a warp's round lies in its 64 floats: the upper
+ * half of the lanes keeps its half, with groups of 4 swapped (c ^ 4), so the
+ * 8 threads of a quarter warp storing 4 lanes each, and the 32 threads
+ * reading lane p or p + 32, each meet 32 different banks. */
+__device__ __forceinline__ uint32_t row4x_place(uint32_t c) {
+    return c ^ ((c >> 5) << 2);
+}
+
+template <class C, bool F32_LOGITS>
+__device__ void lmhead_overlay_row4x(const tovl_lmhead_overlay_args &a) {
+    constexpr uint32_t CELLS = C::CELLS, BUFFERS = C::BUFFERS, ROUNDS = C::ROUNDS, LANES = C::WARP_LANES;
+    constexpr uint32_t V = C::VECTORS, CHUNK = ROUNDS * TOVL_DOT_LANES;
+    struct alignas(16) Exchange {
+        float products[BUFFERS][C::WARPS][ROUNDS][LANES];
+        float tail[CELLS][TOVL_DOT_LANES / 4]; /* lanes 0..63 after strides 128 and 64 */
+    };
+    __shared__ Exchange ex;
+    const uint32_t t = blockIdx.x, warp = threadIdx.x / WARP, p = lane_id();
+    /* No early grid_dependents_launch, as in _row. */
+    RowSlotCells cells;
+    if (!row_slot_cells(a, t, cells)) {
+        return; /* uniform: the block's row has no overlay */
+    }
+    const uint32_t n = cells.n, h = a.h;
+    const uint16_t *rows = cells.rows;
+    const uint32_t *ids = cells.ids;
+    const uint16_t *x = ptr<const uint16_t>(a.hidden) + (size_t)t * h;
+    const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    /* This thread's loads: lane load_lane of rounds load_round + 4 j, the
+     * warp's local lane load_local (16 (p / 2 % 4) + 8 (p % 2)) first. */
+    const uint32_t load_local = 8 * (p % 8);
+    const uint32_t load_lane = 64 * (p / 2 % 4) + 16 * warp + 8 * (p % 2), load_round = p / 8;
+    /* Its sums: lanes sum_lane and sum_lane + 128, local p and p + 32. */
+    const uint32_t sum_lane = 64 * (p / 16) + 16 * warp + p % 16;
+    /* Block-uniform: every thread reaches the barriers below. */
+    for (uint32_t k0 = blockIdx.y * CELLS; k0 < n; k0 += gridDim.y * CELLS) {
+        uint32_t id = UINT32_MAX; /* cell `warp`'s, in lane 0 of that warp */
+        if (p == 0 && warp < CELLS && k0 + warp < n) {
+            id = ldg(ids + k0 + warp); /* in flight with the loads */
+        }
+        float acc[CELLS][2];
+        TOVL_UNROLL
+        for (uint32_t c = 0; c < CELLS; c++) {
+            acc[c][0] = acc[c][1] = 0.0f;
+        }
+        for (uint32_t base = 0; base < h; base += CHUNK) {
+            uint4 xv[V], wv[CELLS][V];
+            TOVL_UNROLL
+            for (uint32_t j = 0; j < V; j++) {
+                const uint32_t e = base + (load_round + 4 * j) * TOVL_DOT_LANES + load_lane;
+                xv[j] = e < h ? load8_bf16(x, e, h, vectors) : uint4{0, 0, 0, 0};
+                TOVL_UNROLL
+                for (uint32_t c = 0; c < CELLS; c++) {
+                    const bool present = k0 + c < n && e < h;
+                    wv[c][j] = present ? load8_bf16(rows + (size_t)(k0 + c) * h, e, h, vectors) : uint4{0, 0, 0, 0};
+                }
+            }
+            TOVL_UNROLL
+            for (uint32_t c0 = 0; c0 < CELLS; c0 += BUFFERS) {
+                if (base != 0 || c0 != 0) {
+                    __syncwarp(); /* the products before these are read */
+                }
+                TOVL_UNROLL
+                for (uint32_t b = 0; b < BUFFERS; b++) {
+                    TOVL_UNROLL
+                    for (uint32_t j = 0; j < V; j++) {
+                        const uint4 &xj = xv[j], &wj = wv[c0 + b][j];
+                        const uint32_t xw[4] = {xj.x, xj.y, xj.z, xj.w}, ww[4] = {wj.x, wj.y, wj.z, wj.w};
+                        uint32_t prod[8];
+                        TOVL_UNROLL
+                        for (uint32_t i = 0; i < 4; i++) {
+                            prod[2 * i] = __float_as_uint(__fmul_rn(pair_lo(xw[i]), pair_lo(ww[i])));
+                            prod[2 * i + 1] = __float_as_uint(__fmul_rn(pair_hi(xw[i]), pair_hi(ww[i])));
+                        }
+                        float *round = ex.products[b][warp][load_round + 4 * j];
+                        store16(round + row4x_place(load_local), uint4{prod[0], prod[1], prod[2], prod[3]});
+                        store16(round + row4x_place(load_local + 4), uint4{prod[4], prod[5], prod[6], prod[7]});
+                    }
+                }
+                __syncwarp();
+                TOVL_UNROLL
+                for (uint32_t r = 0; r < ROUNDS; r++) {
+                    const uint32_t e = base + r * TOVL_DOT_LANES + sum_lane;
+                    TOVL_UNROLL
+                    for (uint32_t b = 0; b < BUFFERS; b++) {
+                        float(&s)[2] = acc[c0 + b];
+                        if (e < h) {
+                            s[0] = __fadd_rn(s[0], ex.products[b][warp][r][row4x_place(p)]);
+                        }
+                        if (e + TOVL_DOT_LANES / 2 < h) {
+                            s[1] = __fadd_rn(s[1], ex.products[b][warp][r][row4x_place(p + WARP)]);
+                        }
+                    }
+                }
+            }
+        }
+        TOVL_UNROLL
+        for (uint32_t c = 0; c < CELLS; c++) {
+            float v = __fadd_rn(acc[c][0], acc[c][1]);                  /* stride 128 */
+            v = __fadd_rn(v, __shfl_down_sync(FULL_MASK, v, WARP / 2)); /* stride 64 */
+            if (p < WARP / 2) {
+                ex.tail[c][sum_lane] = v; /* lane 16 warp + p */
+            }
+        }
+        __syncthreads();
+        if (warp < CELLS && k0 + warp < n) {
+            float v = __fadd_rn(ex.tail[warp][p], ex.tail[warp][p + WARP]); /* stride 32 */
+            TOVL_UNROLL
+            for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
+                v = __fadd_rn(v, __shfl_down_sync(FULL_MASK, v, d));
+            }
+            if (p == 0 && id < a.vocab) {
+                store_logit<F32_LOGITS>(a, t, id, v);
+            }
+        }
+        if (k0 + gridDim.y * CELLS < n) {
+            __syncthreads(); /* `tail` and `products` are read before the next cells write them */
+        }
+    }
+}
+
 } // namespace tovl_cuda
 
 #define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, config, f32)                                                      \
@@ -386,5 +553,18 @@ TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, tovl_cuda::LmheadRow2, true)
 
 TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_bf16_row4, false)
 TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_f32_row4, true)
+
+#define TOVL_CUDA_LMHEAD_ROW4X_ENTRY(name, config, f32)                                                    \
+    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::BLOCKS_PER_SM)                           \
+        name(tovl_lmhead_overlay_args args) {                                                              \
+        tovl_cuda::lmhead_overlay_row4x<config, f32>(args);                                                \
+    }
+
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_bf16_row4x, tovl_cuda::LmheadRow4x, false)
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_f32_row4x, tovl_cuda::LmheadRow4x, true)
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_bf16_row4x2, tovl_cuda::LmheadRow4x2, false)
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_f32_row4x2, tovl_cuda::LmheadRow4x2, true)
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_bf16_row4x4, tovl_cuda::LmheadRow4x4, false)
+TOVL_CUDA_LMHEAD_ROW4X_ENTRY(lmhead_overlay_f32_row4x4, tovl_cuda::LmheadRow4x4, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */
