@@ -137,8 +137,7 @@ static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cud
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "%s: grid %u x %u x %u, expected %u x %u x %u",
               what, l->grid[0], l->grid[1], l->grid[2], x, y, z);
     const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
-                     variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4X ||
-                     variant == TOVL_CUDA_VARIANT_ROW4X2 || variant == TOVL_CUDA_VARIANT_ROW4X4;
+                     variant == TOVL_CUDA_VARIANT_ROW4;
     cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256, "%s: block size", what);
 }
 #define expect_grid(l, variant, x, y, z) expect_grid_of(#variant, l, variant, x, y, z)
@@ -161,15 +160,19 @@ static const struct {
     const char *why;
 } lmhead_choices[] = {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
+    {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    /* row4x (1 overlay row a block) while its grid fills at most 4 rounds
-     * of 8 blocks on each SM (4224): up to 66 x 64. */
-    {1, 64, TOVL_CUDA_VARIANT_ROW4X, {1, 64, 1}, "a decode step"},
-    {16, 64, TOVL_CUDA_VARIANT_ROW4X, {16, 64, 1}, "one round of row4x"},
-    {64, 64, TOVL_CUDA_VARIANT_ROW4X, {64, 64, 1}, "four rounds of row4x"},
-    {66, 64, TOVL_CUDA_VARIANT_ROW4X, {66, 64, 1}, "row4x's last size"},
-    {67, 64, TOVL_CUDA_VARIANT_PLAIN, {17, 8, 1}, "past the row variants, 17 x 8 small tiles for 132 SMs"},
-    {3, 3, TOVL_CUDA_VARIANT_ROW4X, {3, 3, 1}, "3 overlay rows: 3 columns of row4x"},
+    /* The row variants: row4 (1 overlay row a block) while its grid is at
+     * most one and a half rounds of 8 to an SM (1584), up to 24 x 64; row
+     * (4) while all its blocks are resident 6 to an SM (792), up to 49 x 16. */
+    {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
+    {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4 in one round"},
+    {24, 64, TOVL_CUDA_VARIANT_ROW4, {24, 64, 1}, "row4's last size"},
+    {25, 64, TOVL_CUDA_VARIANT_ROW, {25, 16, 1}, "row's first size"},
+    {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row at 4 blocks per SM would end here"},
+    {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
+    {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
+    {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 3, 1}, "3 overlay rows: 3 columns of row4"},
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
 };
 
@@ -200,12 +203,6 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 64, 32, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW4, 64, 64, 1);
-    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4X, &a, &l), TOVL_OK);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4X, 64, 64, 1);
-    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4X2, &a, &l), TOVL_OK);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4X2, 64, 32, 1);
-    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4X4, &a, &l), TOVL_OK);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4X4, 64, 16, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 16, 8, 1);
 }
@@ -269,7 +266,7 @@ static const cuda_scenario gpu_scenarios[] = {
     {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t32", 32, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"row4_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
-    {"row_slots_past_32", 60, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"row_slots_past_32", 90, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
     {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},

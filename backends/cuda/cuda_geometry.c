@@ -10,17 +10,15 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4", "lmhead_overlay_bf16_row4x",
-     "lmhead_overlay_bf16_row4x2", "lmhead_overlay_bf16_row4x4"},
+     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4"},
     {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_row4", "lmhead_overlay_f32_row4x", "lmhead_overlay_f32_row4x2",
-     "lmhead_overlay_f32_row4x4"}};
+     "lmhead_overlay_f32_row4"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {
-    "large tiles", "small tiles", "row", "row2", "row4", "row4x", "row4x2", "row4x4"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2",
+                                                                      "row4"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -80,23 +78,21 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    const bool four_warps = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4X ||
-                            variant == TOVL_CUDA_VARIANT_ROW4X2 || variant == TOVL_CUDA_VARIANT_ROW4X4;
-    const bool row = four_warps || variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
+    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
+                     variant == TOVL_CUDA_VARIANT_ROW4;
     if (row) {
         if (a->T > GRID_X_MAX) {
             return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lm_head row variant over %u rows (at most %u)", a->T,
                               GRID_X_MAX);
         }
-        set_dims(out, a->T, four_warps ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
+        set_dims(out, a->T,
+                 variant == TOVL_CUDA_VARIANT_ROW4 ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
     } else {
         /* The slots' groups of BM rows number at most ceil(T / BM) plus one
          * per slot that has rows; a block finds its group on the device. */
         set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4X ? 1
-                             : variant == TOVL_CUDA_VARIANT_ROW4X2 ? TOVL_CUDA_LMHEAD_ROW4X2_CELLS
-                             : variant == TOVL_CUDA_VARIANT_ROW4X4 ? TOVL_CUDA_LMHEAD_ROW4X4_CELLS
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4    ? 1
                              : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
                              : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
                              : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
@@ -107,13 +103,15 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 }
 
 /* The shapes (launch_shape.h), the first that fits:
- * - row4, then row: a block per (row, 1 or 4 overlay rows), when all of its
- *   blocks are resident at once (8 or 6 to an SM). They read each overlay
+ * - row4, then row: a block per (row, 1 or 4 overlay rows), row4 while its
+ *   grid is at most one and a half rounds of 8 blocks per SM, row while all
+ *   of its blocks are resident at once (6 to an SM). They read each overlay
  *   row once per row rather than once per 8, so they are for small batches:
  *   on the H200 with 8 slots x 64 rows row4 took 1.7-3.5 us at T = 1-16 and
- *   row 5.2 at T = 32 and 6.8 at T = 48, where the small tiles take 7.9 (and
- *   row 8.8-9.3 at T = 64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at T =
- *   1-16) fits wherever row4 does, so the host no longer takes it.
+ *   4.2 at T = 24 (1536 blocks, against row's 4.5), row 5.2 at T = 32 and
+ *   6.8 at T = 48, where the small tiles take 7.9 (and row 8.8-9.3 at T =
+ *   64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at T = 1-16) fits wherever
+ *   row4 does, so the host no longer takes it.
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
  *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs
@@ -125,14 +123,12 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
     static const struct {
         tovl_cuda_variant variant;
-        uint32_t blocks_per_sm, waves;
-    } rows_first[] = {{TOVL_CUDA_VARIANT_ROW4X, TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM, TOVL_CUDA_LMHEAD_ROW4X_WAVES},
-                      {TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM, 1},
-                      {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM, 1}};
-    for (size_t i = 0; i < sizeof rows_first / sizeof rows_first[0] && a->T <= GRID_X_MAX; i++) {
+        uint32_t blocks_per_sm; /* of its grid, at most */
+    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM},
+                       {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM}};
+    for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
         tovl_status st = tovl_cuda_lmhead_shape(rows_first[i].variant, a, out);
-        if (st != TOVL_OK ||
-            (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm * rows_first[i].waves) {
+        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm) {
             return st;
         }
     }

@@ -31,8 +31,8 @@
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
  * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: and
- * row4; 12: row4x, row4x2 and row4x4). */
-#define TOVL_CUDA_PORT_ABI 12
+ * row4). */
+#define TOVL_CUDA_PORT_ABI 11
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -113,42 +113,24 @@
 /* The "row4" variant (lmhead_row.cuh) for decode batches: a block of
  * ROW4_THREADS (four warps) per (row t, overlay row of its slot), grid (T,
  * max_n capped at 65535), both rows staged into shared memory STAGE_ROUNDS
- * 256-element rounds at a time (17 KB with 16). The host takes it first,
- * while all its blocks are resident at once, BLOCKS_PER_SM to an SM (also
- * its register cap: 64). On the H200 (seed 777; docs/PERFORMANCE.md) 1.73
- * / 2.68 / 3.47 us at T = 1 / 8 / 16 with 8 or 12 to an SM alike, 5.43 at
- * T = 32 (row: 5.20); chunks of 8 rounds 1.99 / 2.88 / 3.60; two or four
- * cells a block sharing the staged hidden row 2.26 / 2.83 / 3.78 and
- * 2.66 / 2.91 / 3.98. */
+ * 256-element rounds at a time (17 KB with 16), BLOCKS_PER_SM resident to
+ * an SM (also its register cap: 64). The host takes it first, while its
+ * grid is at most GRID_PER_SM blocks per SM: one and a half rounds. On the
+ * H200 (seed 777; docs/PERFORMANCE.md) 1.73 / 2.68 / 3.47 us at T = 1 / 8
+ * / 16 with 8 or 12 to an SM alike; at T = 24 (1536 blocks, 1.45 rounds)
+ * 4.21 against row's 4.54, at T = 32 (1.94 rounds) 5.20-5.43 against row's
+ * 5.18-5.20; chunks of 8 rounds 1.99 / 2.88 / 3.60; two or four cells a
+ * block sharing the staged hidden row 2.26 / 2.83 / 3.78 and 2.66 / 2.91 /
+ * 3.98. */
 #define TOVL_CUDA_LMHEAD_ROW4_THREADS 128
 #ifndef TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM 8
 #endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 3 / 2)
+#endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16
-#endif
-
-/* The "row4x", "row4x2" and "row4x4" variants (lmhead_row.cuh): a block of
- * ROW4_THREADS per (row t, 1, 2 or 4 overlay rows of its slot), grid (T,
- * ceil(max_n / cells) capped at 65535); the rows loaded into registers by
- * 16-byte loads, the products exchanged through 16 KB of shared memory per
- * overlay row (at most two at once). BLOCKS_PER_SM: resident at once, also
- * the register cap (8: 64, 6: 85, 4: 128). */
-#ifndef TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4X_BLOCKS_PER_SM 8
-#endif
-#ifndef TOVL_CUDA_LMHEAD_ROW4X2_BLOCKS_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4X2_BLOCKS_PER_SM 6
-#endif
-#ifndef TOVL_CUDA_LMHEAD_ROW4X4_BLOCKS_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4X4_BLOCKS_PER_SM 4
-#endif
-#define TOVL_CUDA_LMHEAD_ROW4X2_CELLS 2
-#define TOVL_CUDA_LMHEAD_ROW4X4_CELLS 4
-/* The host takes row4x while its grid is at most WAVES x BLOCKS_PER_SM x
- * SMs blocks (0: never). */
-#ifndef TOVL_CUDA_LMHEAD_ROW4X_WAVES
-#define TOVL_CUDA_LMHEAD_ROW4X_WAVES 4
 #endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -28,12 +28,6 @@ static const struct {
     TOVL_EMU_THUNK(lmhead_overlay_f32_row2, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_bf16_row4, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_f32_row4, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_bf16_row4x, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_f32_row4x, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_bf16_row4x2, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_f32_row4x2, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_bf16_row4x4, tovl_lmhead_overlay_args),
-    TOVL_EMU_THUNK(lmhead_overlay_f32_row4x4, tovl_lmhead_overlay_args),
 };
 
 KernelThunk find_kernel(const char *name) {
