@@ -162,12 +162,13 @@ static const struct {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
     {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    /* The row variants while all their blocks are resident: row4 (1 overlay
-     * row a block) 8 to an SM (1056), up to 16 x 64; row (4) 6 to an SM
-     * (792), up to 49 x 16. */
+    /* The row variants: row4 (1 overlay row a block) while its grid is at
+     * most one and a half rounds of 8 to an SM (1584), up to 24 x 64; row
+     * (4) while all its blocks are resident 6 to an SM (792), up to 49 x 16. */
     {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
-    {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4's last size"},
-    {17, 64, TOVL_CUDA_VARIANT_ROW, {17, 16, 1}, "row's first size"},
+    {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4 in one round"},
+    {24, 64, TOVL_CUDA_VARIANT_ROW4, {24, 64, 1}, "row4's last size"},
+    {25, 64, TOVL_CUDA_VARIANT_ROW, {25, 16, 1}, "row's first size"},
     {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row at 4 blocks per SM would end here"},
     {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
     {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
@@ -265,7 +266,7 @@ static const cuda_scenario gpu_scenarios[] = {
     {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t32", 32, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"row4_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
-    {"row_slots_past_32", 60, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"row_slots_past_32", 90, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
     {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},

@@ -116,12 +116,12 @@ Test(cuda_emu, bench_shape_t8_t32, .timeout = 900) {
 
 /* The row variants with slots past the first 32 (whose table cells they load
  * after the row's slot rather than picking them from the early loads), odd
- * h: T = 24 takes row4 (24 x 19 blocks), T = 60 row (60 x 5). */
+ * h: T = 24 takes row4 (24 x 19 blocks), T = 90 row (90 x 5). */
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"row_many_slots", 60, 130, 2000, 700, 3, 3, 256, 19, false, false});
+                      &(cuda_scenario){"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two

@@ -103,13 +103,15 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 }
 
 /* The shapes (launch_shape.h), the first that fits:
- * - row4, then row: a block per (row, 1 or 4 overlay rows), when all of its
- *   blocks are resident at once (8 or 6 to an SM). They read each overlay
+ * - row4, then row: a block per (row, 1 or 4 overlay rows), row4 while its
+ *   grid is at most one and a half rounds of 8 blocks per SM, row while all
+ *   of its blocks are resident at once (6 to an SM). They read each overlay
  *   row once per row rather than once per 8, so they are for small batches:
  *   on the H200 with 8 slots x 64 rows row4 took 1.7-3.5 us at T = 1-16 and
- *   row 5.2 at T = 32 and 6.8 at T = 48, where the small tiles take 7.9 (and
- *   row 8.8-9.3 at T = 64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at T =
- *   1-16) fits wherever row4 does, so the host no longer takes it.
+ *   4.2 at T = 24 (1536 blocks, against row's 4.5), row 5.2 at T = 32 and
+ *   6.8 at T = 48, where the small tiles take 7.9 (and row 8.8-9.3 at T =
+ *   64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at T = 1-16) fits wherever
+ *   row4 does, so the host no longer takes it.
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
  *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs
@@ -121,8 +123,8 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
     static const struct {
         tovl_cuda_variant variant;
-        uint32_t blocks_per_sm;
-    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM},
+        uint32_t blocks_per_sm; /* of its grid, at most */
+    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM},
                        {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM}};
     for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
         tovl_status st = tovl_cuda_lmhead_shape(rows_first[i].variant, a, out);

@@ -267,9 +267,9 @@ struct LmheadRow4 {
     static_assert(CHUNK / 8 % THREADS == 0, "every thread stages the same number of vectors");
 };
 
-template <bool F32_LOGITS>
+template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
-    constexpr uint32_t CHUNK = LmheadRow4::CHUNK, THREADS = LmheadRow4::THREADS;
+    constexpr uint32_t CHUNK = C::CHUNK, THREADS = C::THREADS;
     struct alignas(16) Stage {
         uint16_t x[CHUNK], w[CHUNK];
         float sums[TOVL_DOT_LANES];
@@ -367,24 +367,19 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
 
 } // namespace tovl_cuda
 
-#define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, config, f32)                                                      \
+/* An extern "C" kernel `name` running `kernel<config, f32>`, with launch
+ * bounds of config's threads and blocks per SM. */
+#define TOVL_CUDA_LMHEAD_ROW_ENTRY(name, kernel, config, f32)                                              \
     TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::BLOCKS_PER_SM)                           \
         name(tovl_lmhead_overlay_args args) {                                                              \
-        tovl_cuda::lmhead_overlay_row<config, f32>(args);                                                  \
+        tovl_cuda::kernel<config, f32>(args);                                                              \
     }
 
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row, tovl_cuda::LmheadRow, false)
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row, tovl_cuda::LmheadRow, true)
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row2, tovl_cuda::LmheadRow2, false)
-TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, tovl_cuda::LmheadRow2, true)
-
-#define TOVL_CUDA_LMHEAD_ROW4_ENTRY(name, f32)                                                             \
-    TOVL_CUDA_KERNEL void __launch_bounds__(tovl_cuda::LmheadRow4::THREADS, tovl_cuda::LmheadRow4::BLOCKS_PER_SM) \
-        name(tovl_lmhead_overlay_args args) {                                                              \
-        tovl_cuda::lmhead_overlay_row4<f32>(args);                                                         \
-    }
-
-TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_bf16_row4, false)
-TOVL_CUDA_LMHEAD_ROW4_ENTRY(lmhead_overlay_f32_row4, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row, lmhead_overlay_row, tovl_cuda::LmheadRow, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row, lmhead_overlay_row, tovl_cuda::LmheadRow, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row2, lmhead_overlay_row, tovl_cuda::LmheadRow2, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, lmhead_overlay_row, tovl_cuda::LmheadRow2, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row4, lmhead_overlay_row4, tovl_cuda::LmheadRow4, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row4, lmhead_overlay_row4, tovl_cuda::LmheadRow4, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */
