@@ -15,7 +15,7 @@ python_env || exit 1
 python3 -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
 "transformers", transformers.__version__, "peft", peft.__version__)' > "$out/versions.txt" 2>&1
 cat "$out/versions.txt"
-step pytest python3 -m pytest -q -rs -p no:cacheprovider python/tests
+step pytest python3 -m pytest -q -rsP -p no:cacheprovider python/tests
 step overhead python3 bench/python_op_overhead.py
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -qv '^ok'
