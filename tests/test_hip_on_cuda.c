@@ -9,8 +9,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "conform.h"
+#include "test_cuda_common.h"
 #include "testutil.h"
 #include "tovl/tovl_cuda.h"
 
@@ -38,8 +40,10 @@ static void *read_whole_file(const char *path, size_t *size) {
     return bytes;
 }
 
-Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout = 900) {
-    tovl_backend *dut = NULL, *ref = NULL;
+/* The HIP port's cubin (TOVL_HIP_ON_CUDA_CUBIN's file, else the embedded
+ * one) on the CUDA backend; skips where CUDA is unavailable. */
+static tovl_backend *open_hip_port(void) {
+    tovl_backend *dut = NULL;
     const char *file = getenv("TOVL_HIP_ON_CUDA_CUBIN");
     size_t size = tovl_hip_on_cuda_image_size;
     void *image = file && *file ? read_whole_file(file, &size) : NULL;
@@ -51,6 +55,11 @@ Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout 
         cr_skip_test("CUDA unavailable, the HIP port cannot run on NVIDIA here: %s", tovl_last_error());
     }
     cr_assert_eq(st, TOVL_OK, "loading the HIP port's cubin: %s", tovl_last_error());
+    return dut;
+}
+
+Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout = 900) {
+    tovl_backend *dut = open_hip_port(), *ref = NULL;
     for (size_t i = 0; i < sizeof kernel_names / sizeof kernel_names[0]; i++) {
         cr_assert_neq(tovl_try_kernel(dut, kernel_names[i]), 0, "the HIP port's image lacks %s", kernel_names[i]);
     }
@@ -67,4 +76,17 @@ Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout 
     tovl_conform_report_free(&rep);
     tovl_backend_close(dut);
     tovl_backend_close(ref);
+}
+
+/* Launched with programmatic dependent launch (the image defines
+ * tovl_cuda_dependent_launch), each hook waits for the kernel before it. */
+Test(hip_on_cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
+    tovl_backend *dut = open_hip_port();
+    const char *pdl = tovl_backend_property(dut, "programmatic_dependent_launch");
+    if (strcmp(pdl, "on") != 0) {
+        tovl_backend_close(dut);
+        cr_skip_test("programmatic dependent launch is %s", pdl);
+    }
+    cuda_expect_hooks_wait(dut);
+    tovl_backend_close(dut);
 }
