@@ -398,26 +398,33 @@ static_assert(X_CHUNK % TOVL_DOT_LANES == 0 && X_CHUNK % (8 * BLOCK) == 0, "whol
 static_assert((X_CHUNK / TOVL_DOT_LANES) % ROW_ROUNDS_AHEAD == 0, "whole batches of rounds per chunk");
 
 /* One round of a thread's 8 lanes: acc[i] += x[e + i] * w[e + i] for the
- * elements below h (the product and the sum each rounded: never fused). */
+ * elements below h (the product and the sum each rounded: never fused).
+ * WHOLE: all 8 lie below h. */
+template <bool WHOLE>
 __device__ static inline void dot_round(float (&acc)[LANES], const uint4 &xv, const uint4 &wv, uint32_t e,
                                         uint32_t h) {
     TOVL_HIP_UNROLL
     for (uint32_t i = 0; i < LANES; i++) {
-        if (e + i < h) {
+        if (WHOLE || e + i < h) {
             acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_of(xv, i), bf16_of(wv, i)));
         }
     }
 }
 
 /* This thread's vectors of rounds r0 .. r0 + N - 1 of overlay row w, from
- * element c0 (rounds past `rounds` or h are not loaded). */
-template <uint32_t N>
+ * element c0. WHOLE (the rows 16-byte aligned, the rounds within h): plain
+ * 16-byte loads, unconditional, so that all are in flight before the first
+ * is used (a load under a condition is waited for where the paths join);
+ * else rounds past `rounds` or h are not loaded. */
+template <bool WHOLE, uint32_t N>
 __device__ static inline void load_rounds(uint4 (&wv)[N], const uint16_t *w, uint32_t c0, uint32_t r0,
                                           uint32_t rounds, uint32_t first, uint32_t h, bool vectors) {
     TOVL_HIP_UNROLL
     for (uint32_t j = 0; j < N; j++) {
         const uint32_t e = c0 + (r0 + j) * TOVL_DOT_LANES + first;
-        if (r0 + j < rounds && e < h) {
+        if (WHOLE) {
+            wv[j] = load16(w + e);
+        } else if (r0 + j < rounds && e < h) {
             wv[j] = load8_bf16(w, e, h, vectors);
         }
     }
@@ -459,6 +466,39 @@ __device__ static inline void store_logit(const tovl_lmhead_overlay_args &args, 
     }
 }
 
+/* Elements c0 .. c0 + X_CHUNK of a row path's dot: the first overlay-row
+ * vectors requested, the hidden row staged in LDS, then the rounds. WHOLE:
+ * the rows 16-byte aligned and the chunk within h. Every thread calls it. */
+template <bool WHOLE>
+__device__ static inline void rows_chunk(float (&acc)[LANES], uint4 (&xs)[X_CHUNK / 8], const uint16_t *x,
+                                         const uint16_t *w, bool live, uint32_t c0, uint32_t h, uint32_t first,
+                                         bool vectors) {
+    constexpr uint32_t CHUNK_ROUNDS = X_CHUNK / TOVL_DOT_LANES;
+    const uint32_t rounds = WHOLE ? CHUNK_ROUNDS : chunk_rounds(c0, X_CHUNK, h);
+    uint4 wv[ROW_ROUNDS_AHEAD];
+    load_rounds<WHOLE>(wv, w, c0, 0, rounds, first, h, vectors); /* in flight while the hidden row is staged */
+    __syncthreads(); /* the previous chunk is read */
+    for (uint32_t v = threadIdx.x; v < X_CHUNK / 8; v += BLOCK) {
+        xs[v] = WHOLE ? load16(x + c0 + 8 * v) : load8_bf16(x, c0 + 8 * v, h, vectors);
+    }
+    __syncthreads();
+    if (!live) {
+        return;
+    }
+    for (uint32_t r0 = 0; r0 < rounds; r0 += ROW_ROUNDS_AHEAD) {
+        if (r0 > 0) {
+            load_rounds<WHOLE>(wv, w, c0, r0, rounds, first, h, vectors);
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < ROW_ROUNDS_AHEAD; j++) {
+            const uint32_t at = (r0 + j) * TOVL_DOT_LANES + first; /* within the chunk */
+            if (WHOLE || (r0 + j < rounds && c0 + at < h)) {
+                dot_round<WHOLE>(acc, xs[at / 8], wv[j], c0 + at, h);
+            }
+        }
+    }
+}
+
 /* Small batches: block (t, y) is token t. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
@@ -493,31 +533,10 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
             acc[i] = 0.0f;
         }
         for (uint32_t c0 = 0; c0 < h; c0 += X_CHUNK) {
-            const uint32_t rounds = chunk_rounds(c0, X_CHUNK, h);
-            uint4 wv[ROW_ROUNDS_AHEAD];
-            if (live) { /* in flight while the hidden row is staged */
-                load_rounds(wv, w, c0, 0, rounds, first, h, vectors);
-            }
-            /* Stage elements c0 .. c0 + X_CHUNK of the hidden row (0 past h). */
-            __syncthreads(); /* the previous chunk is read */
-            for (uint32_t v = threadIdx.x; v < X_CHUNK / 8; v += BLOCK) {
-                xs[v] = load8_bf16(x, c0 + 8 * v, h, vectors);
-            }
-            __syncthreads();
-            if (!live) {
-                continue;
-            }
-            for (uint32_t r0 = 0; r0 < rounds; r0 += ROW_ROUNDS_AHEAD) {
-                if (r0 > 0) {
-                    load_rounds(wv, w, c0, r0, rounds, first, h, vectors);
-                }
-                TOVL_HIP_UNROLL
-                for (uint32_t j = 0; j < ROW_ROUNDS_AHEAD; j++) {
-                    const uint32_t at = (r0 + j) * TOVL_DOT_LANES + first; /* within the chunk */
-                    if (r0 + j < rounds && c0 + at < h) {
-                        dot_round(acc, xs[at / 8], wv[j], c0 + at, h);
-                    }
-                }
+            if (vectors && c0 + X_CHUNK <= h) { /* block-uniform */
+                rows_chunk<true>(acc, xs, x, w, live, c0, h, first, vectors);
+            } else {
+                rows_chunk<false>(acc, xs, x, w, live, c0, h, first, vectors);
             }
         }
         const float v = lmhead_tree(acc);
@@ -635,22 +654,86 @@ __device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &arg
 }
 
 /* Chunk c0 of a tile into registers: this thread's TILE_STAGE_JOBS vectors
- * of the group's hidden rows (0 for rows past len and elements past h) and
- * its TILE_CHUNK_ROUNDS vectors of overlay row w (when live). */
-__device__ static inline void tile_load_chunk(const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS], uint32_t len,
-                                              const uint16_t *w, bool live, uint32_t c0, uint32_t h, bool vectors,
-                                              uint4 (&staged)[TILE_STAGE_JOBS], uint4 (&wv)[TILE_CHUNK_ROUNDS]) {
+ * of the group's hidden rows and, with TOVL_HIP_LMHEAD_TILE_W_AHEAD, its
+ * TILE_CHUNK_ROUNDS vectors of overlay row w. WHOLE (rows 16-byte aligned,
+ * the chunk within h): unconditional 16-byte loads, rows past len reading
+ * row len - 1 (never used), so all are in flight at once; else 0 for rows
+ * past len and elements past h. */
+template <bool WHOLE>
+__device__ static inline void tile_load_chunk(const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS],
+                                              uint32_t len, const uint16_t *w, uint32_t c0, uint32_t h,
+                                              bool vectors, uint4 (&staged)[TILE_STAGE_JOBS],
+                                              uint4 (&wv)[TILE_CHUNK_ROUNDS]) {
     TOVL_HIP_UNROLL
     for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
         const uint32_t v = threadIdx.x + u * BLOCK;
         const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
-        staged[u] = uint4{0, 0, 0, 0};
-        if (m < len) {
-            staged[u] = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
+        if (WHOLE) {
+            staged[u] = load16(hidden + (size_t)rows_of[m < len ? m : len - 1] * h + c0 + 8 * col);
+        } else {
+            staged[u] = uint4{0, 0, 0, 0};
+            if (m < len) {
+                staged[u] = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
+            }
         }
     }
-    if (TOVL_HIP_LMHEAD_TILE_W_AHEAD && live) {
-        load_rounds(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h, vectors);
+    if (TOVL_HIP_LMHEAD_TILE_W_AHEAD) {
+        load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h,
+                           vectors);
+    }
+}
+
+/* A tile's dots over chunks c_begin .. c_end (c_end - c_begin a multiple of
+ * TILE_X_CHUNK, or the last chunk): chunk c + 1's vectors are loaded into
+ * registers while chunk c is computed from LDS buffer c % 2, one barrier a
+ * chunk (no asynchronous copies on AMD: software pipelining). Every thread
+ * calls it; a thread whose overlay row is not live loads row 0 and adds
+ * nothing. */
+template <bool WHOLE>
+__device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 (&xs)[2][TILE_ROWS][TILE_X_CHUNK / 8],
+                                          const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS], uint32_t len,
+                                          const uint16_t *w, bool live, uint32_t c_begin, uint32_t c_end, uint32_t h,
+                                          bool vectors) {
+    const uint32_t first = LANES * (threadIdx.x % GROUP);
+    uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS];
+    tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c_begin, h, vectors, staged, wv);
+    __syncthreads(); /* the chunks before are read */
+    uint32_t buf = 0;
+    for (uint32_t c0 = c_begin; c0 < c_end; c0 += TILE_X_CHUNK, buf ^= 1u) {
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
+            const uint32_t v = threadIdx.x + u * BLOCK;
+            xs[buf][v / (TILE_X_CHUNK / 8)][v % (TILE_X_CHUNK / 8)] = staged[u];
+        }
+        if (!TOVL_HIP_LMHEAD_TILE_W_AHEAD) {
+            load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), first, h, vectors);
+        }
+        __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
+        uint4 wcur[TILE_CHUNK_ROUNDS];
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
+            wcur[j] = wv[j];
+        }
+        if (c0 + TILE_X_CHUNK < c_end) {
+            tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c0 + TILE_X_CHUNK, h, vectors, staged, wv);
+        }
+        if (!live) {
+            continue;
+        }
+        const uint32_t rounds = WHOLE ? TILE_CHUNK_ROUNDS : chunk_rounds(c0, TILE_X_CHUNK, h);
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
+            const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
+            if (!WHOLE && (j >= rounds || e >= h)) {
+                continue;
+            }
+            TOVL_HIP_UNROLL
+            for (uint32_t m = 0; m < TILE_ROWS; m++) {
+                if (m < len) {
+                    dot_round<WHOLE>(acc[m], xs[buf][m][at / 8], wcur[j], e, h);
+                }
+            }
+        }
     }
 }
 
@@ -673,7 +756,7 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
         return; /* the whole block: no group can be this one */
     }
     const uint32_t h = args.h;
-    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP, first = LANES * lane;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
     uint32_t s, g;
     if (!lmhead_pick(args, x, blockIdx.y * LMHEAD_ROWS, s, g)) {
         return; /* uniform: x is past the batch's groups */
@@ -701,48 +784,14 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
                 acc[m][i] = 0.0f;
             }
         }
-        /* Chunk c's hidden vectors and overlay-row vectors are loaded into
-         * registers while chunk c - 1 is computed, then stored to LDS buffer
-         * c % 2: one barrier a chunk. */
-        uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS];
-        tile_load_chunk(hidden, rows_of, len, w, live, 0, h, vectors, staged, wv);
-        __syncthreads(); /* the previous columns' chunks are read */
-        uint32_t buf = 0;
-        for (uint32_t c0 = 0; c0 < h; c0 += TILE_X_CHUNK, buf ^= 1u) {
-            TOVL_HIP_UNROLL
-            for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
-                const uint32_t v = threadIdx.x + u * BLOCK;
-                xs[buf][v / (TILE_X_CHUNK / 8)][v % (TILE_X_CHUNK / 8)] = staged[u];
-            }
-            if (!TOVL_HIP_LMHEAD_TILE_W_AHEAD && live) {
-                load_rounds(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), first, h, vectors);
-            }
-            __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
-            uint4 wcur[TILE_CHUNK_ROUNDS];
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
-                wcur[j] = wv[j];
-            }
-            if (c0 + TILE_X_CHUNK < h) {
-                tile_load_chunk(hidden, rows_of, len, w, live, c0 + TILE_X_CHUNK, h, vectors, staged, wv);
-            }
-            if (!live) {
-                continue;
-            }
-            const uint32_t rounds = chunk_rounds(c0, TILE_X_CHUNK, h);
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
-                const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
-                if (j >= rounds || e >= h) {
-                    continue;
-                }
-                TOVL_HIP_UNROLL
-                for (uint32_t m = 0; m < TILE_ROWS; m++) {
-                    if (m < len) {
-                        dot_round(acc[m], xs[buf][m][at / 8], wcur[j], e, h);
-                    }
-                }
-            }
+        /* Whole chunks by the fast path, a partial last one (or rows not
+         * 16-byte aligned) by the general one. */
+        const uint32_t whole_end = vectors ? h / TILE_X_CHUNK * TILE_X_CHUNK : 0;
+        if (whole_end > 0) {
+            tile_chunks<true>(acc, xs, hidden, rows_of, len, w, live, 0, whole_end, h, vectors);
+        }
+        if (whole_end < h) {
+            tile_chunks<false>(acc, xs, hidden, rows_of, len, w, live, whole_end, h, h, vectors);
         }
         TOVL_HIP_UNROLL
         for (uint32_t m = 0; m < TILE_ROWS; m++) {
