@@ -9,9 +9,10 @@
  * stays inside its group: ballots are read at warpSize and cut to the
  * group's 32 bits, shuffles run with width 32, block-wide counts and prefix
  * sums go through LDS. No dot-product lane or pairing of the spec's tree
- * depends on the width. Shared memory (LDS) use is at most 27 KiB a block
+ * depends on the width. Shared memory (LDS) use is at most 20 KiB a block
  * (lm_head), below the 64 KiB a workgroup may have; nothing relies on
- * asynchronous copies (AMD has no cp.async).
+ * asynchronous copies (AMD has no cp.async): loads are software-pipelined
+ * through registers.
  *
  * Arithmetic: each product and each sum is its own f32 operation, rounded to
  * nearest even. HIP's __fmul_rn / __fadd_rn are plain * and +, so the build
@@ -254,16 +255,17 @@ __device__ static inline EmbedSlotCells embed_slot_cells(const tovl_embed_overla
                           ptr<const uint32_t>(args.n_table)[s]};
 }
 
-/* Lane `from` of this thread's row group: its cells, to every thread of the
- * group (every thread of the wavefront calls it; width-32 shuffles of 32-bit
- * words). */
+/* Thread `from` of this thread's row group: its value, to every thread of
+ * the group (every thread of the wavefront calls it; width-32 shuffles of
+ * 32-bit words). */
+__device__ static inline uint64_t group_u64(uint64_t v, uint32_t from) {
+    const uint32_t lo = __shfl((uint32_t)v, (int)from, GROUP), hi = __shfl((uint32_t)(v >> 32), (int)from, GROUP);
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Thread `from`'s cells, to every thread of its row group. */
 __device__ static inline EmbedSlotCells group_cells(const EmbedSlotCells &c, uint32_t from) {
-    const uint32_t map_lo = __shfl((uint32_t)c.slot_map, (int)from, GROUP);
-    const uint32_t map_hi = __shfl((uint32_t)(c.slot_map >> 32), (int)from, GROUP);
-    const uint32_t rows_lo = __shfl((uint32_t)c.rows, (int)from, GROUP);
-    const uint32_t rows_hi = __shfl((uint32_t)(c.rows >> 32), (int)from, GROUP);
-    return EmbedSlotCells{(uint64_t)map_hi << 32 | map_lo, (uint64_t)rows_hi << 32 | rows_lo,
-                          __shfl(c.n, (int)from, GROUP)};
+    return EmbedSlotCells{group_u64(c.slot_map, from), group_u64(c.rows, from), __shfl(c.n, (int)from, GROUP)};
 }
 
 /* `vectors` 16-byte vectors from src to dst (both 16-byte aligned), UNROLL
@@ -387,8 +389,8 @@ namespace tovl_hip {
 
 constexpr uint32_t X_CHUNK = 4096; /* hidden-row elements staged at a time: 8 KiB of LDS */
 /* Overlay-row vectors a thread has in flight: the whole 16-round chunk (64
- * registers), as the CUDA port's row2 kernel has (docs/PERFORMANCE.md, Row
- * kernels). */
+ * registers), as the CUDA port's row2 kernel has; 8 took 3.14 us at T = 1
+ * against 2.93 on the H200 (docs/HIP.md). */
 #ifndef TOVL_HIP_LMHEAD_ROW_ROUNDS_AHEAD
 #define TOVL_HIP_LMHEAD_ROW_ROUNDS_AHEAD 16
 #endif
@@ -466,6 +468,22 @@ __device__ static inline void store_logit(const tovl_lmhead_overlay_args &args, 
     }
 }
 
+/* Slot s's cells of the set's lm_head tables (the set's own). */
+struct LmheadSlotCells {
+    uint64_t rows, ids;
+    uint32_t n;
+};
+
+__device__ static inline LmheadSlotCells lmhead_slot_cells(const tovl_lmhead_overlay_args &args, uint32_t s) {
+    return LmheadSlotCells{ptr<const uint64_t>(args.rows_table)[s], ptr<const uint64_t>(args.ids_table)[s],
+                           ptr<const uint32_t>(args.n_table)[s]};
+}
+
+/* Thread `from`'s cells, to every thread of its row group. */
+__device__ static inline LmheadSlotCells group_lmhead_cells(const LmheadSlotCells &c, uint32_t from) {
+    return LmheadSlotCells{group_u64(c.rows, from), group_u64(c.ids, from), __shfl(c.n, (int)from, GROUP)};
+}
+
 /* Elements c0 .. c0 + X_CHUNK of a row path's dot: the first overlay-row
  * vectors requested, the hidden row staged in LDS, then the rounds. WHOLE:
  * the rows 16-byte aligned and the chunk within h. Every thread calls it. */
@@ -507,18 +525,32 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
     if (t >= args.T) {
         return; /* the whole block */
     }
+    /* With at most 32 slots, thread k of each row group fetches slot k's
+     * table cells before the wait (the set's own: no kernel writes them) and
+     * the group takes its slot's by shuffles: one round trip fewer. */
+    const uint32_t group_lane = threadIdx.x % GROUP;
+    const bool by_shuffle = args.max_loras <= GROUP;
+    LmheadSlotCells lane_cells = {0, 0, 0};
+    if (by_shuffle && group_lane < args.max_loras) {
+        lane_cells = lmhead_slot_cells(args, group_lane);
+    }
+    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* the row slots and hidden rows may come from the kernel before */
     const int32_t s = row_slot(args.row_slots, args.active_slot, t);
-    if (s < 0 || (uint32_t)s >= args.max_loras) {
+    const bool valid = s >= 0 && (uint32_t)s < args.max_loras;
+    LmheadSlotCells cells = group_lmhead_cells(lane_cells, valid ? (uint32_t)s % GROUP : 0u);
+    if (!valid) {
         return;
     }
-    const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
-    const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+    if (!by_shuffle) {
+        cells = lmhead_slot_cells(args, (uint32_t)s);
+    }
+    const uint32_t n = cells.n < args.max_n ? cells.n : args.max_n;
     const uint32_t h = args.h;
     const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * h;
-    const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
-    const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
+    const uint16_t *rows = ptr<const uint16_t>(cells.rows);
+    const uint32_t *ids = ptr<const uint32_t>(cells.ids);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
+    const uint32_t lane = group_lane, cell = threadIdx.x / GROUP;
     const uint32_t first = LANES * lane; /* this thread's first element of a round */
 
     /* Block-uniform: every thread reaches each barrier below. */
@@ -548,21 +580,16 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
 
 /* ---- Larger batches: tiles of up to TILE_ROWS rows of one slot. ---- */
 constexpr uint32_t TILE_ROWS = 8;         /* rows of one slot a block takes */
-/* Elements of each row staged at a time, into one of two LDS buffers (2 x 16
- * KiB): the next chunk's loads are in registers while this one is computed. */
+/* Elements of each row staged at a time, into one of two LDS buffers (2 x 4
+ * KiB): the next chunk's loads are in registers while this one is computed.
+ * One 256-element round: on the H200 (HIP source, docs/HIP.md) 41.3 us at
+ * T = 512 against 58.3 with 1024 (214 registers, one block per SM) and 40.9
+ * with 512 (overlay loads then not ahead, to stay within 128 registers);
+ * 19.5 KiB of LDS a block, so CDNA fits three workgroups in its 64 KiB. */
 #ifndef TOVL_HIP_LMHEAD_TILE_X_CHUNK
-#define TOVL_HIP_LMHEAD_TILE_X_CHUNK 1024
+#define TOVL_HIP_LMHEAD_TILE_X_CHUNK 256
 #endif
 constexpr uint32_t TILE_X_CHUNK = TOVL_HIP_LMHEAD_TILE_X_CHUNK;
-/* 1: a tile's overlay-row vectors are loaded a chunk ahead, with the hidden
- * rows; 0: at the start of their own chunk, before its barrier (16 fewer
- * registers). */
-#ifndef TOVL_HIP_LMHEAD_TILE_W_AHEAD
-#define TOVL_HIP_LMHEAD_TILE_W_AHEAD 1
-#endif
-#ifndef TOVL_HIP_LMHEAD_TILE_EARLY_TRIGGER
-#define TOVL_HIP_LMHEAD_TILE_EARLY_TRIGGER 0
-#endif
 constexpr uint32_t TILE_CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES; /* overlay-row vectors per thread and chunk */
 constexpr uint32_t TILE_STAGE_JOBS = TILE_ROWS * TILE_X_CHUNK / 8 / BLOCK; /* hidden-row vectors per thread and chunk */
 static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_X_CHUNK / 8) % BLOCK == 0, "whole jobs");
@@ -654,8 +681,8 @@ __device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &arg
 }
 
 /* Chunk c0 of a tile into registers: this thread's TILE_STAGE_JOBS vectors
- * of the group's hidden rows and, with TOVL_HIP_LMHEAD_TILE_W_AHEAD, its
- * TILE_CHUNK_ROUNDS vectors of overlay row w. WHOLE (rows 16-byte aligned,
+ * of the group's hidden rows and its TILE_CHUNK_ROUNDS vectors of overlay
+ * row w. WHOLE (rows 16-byte aligned,
  * the chunk within h): unconditional 16-byte loads, rows past len reading
  * row len - 1 (never used), so all are in flight at once; else 0 for rows
  * past len and elements past h. */
@@ -677,10 +704,7 @@ __device__ static inline void tile_load_chunk(const uint16_t *hidden, const uint
             }
         }
     }
-    if (TOVL_HIP_LMHEAD_TILE_W_AHEAD) {
-        load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h,
-                           vectors);
-    }
+    load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h, vectors);
 }
 
 /* A tile's dots over chunks c_begin .. c_end (c_end - c_begin a multiple of
@@ -695,7 +719,7 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 
                                           const uint16_t *w, bool live, uint32_t c_begin, uint32_t c_end, uint32_t h,
                                           bool vectors) {
     const uint32_t first = LANES * (threadIdx.x % GROUP);
-    uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS];
+    uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS] = {}; /* rounds past h stay unloaded */
     tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c_begin, h, vectors, staged, wv);
     __syncthreads(); /* the chunks before are read */
     uint32_t buf = 0;
@@ -704,9 +728,6 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 
         for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
             const uint32_t v = threadIdx.x + u * BLOCK;
             xs[buf][v / (TILE_X_CHUNK / 8)][v % (TILE_X_CHUNK / 8)] = staged[u];
-        }
-        if (!TOVL_HIP_LMHEAD_TILE_W_AHEAD) {
-            load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), first, h, vectors);
         }
         __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
         uint4 wcur[TILE_CHUNK_ROUNDS];
@@ -755,6 +776,7 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
     if (x >= bound) {
         return; /* the whole block: no group can be this one */
     }
+    TOVL_HIP_GRID_DEPENDENCY_WAIT();
     const uint32_t h = args.h;
     const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
     uint32_t s, g;
@@ -762,9 +784,6 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
         return; /* uniform: x is past the batch's groups */
     }
     const uint32_t len = lmhead_group_rows(args, s, g, rows_of);
-#if TOVL_HIP_LMHEAD_TILE_EARLY_TRIGGER
-    TOVL_HIP_GRID_DEPENDENTS_LAUNCH(); /* the rows are known: the next kernel may start launching */
-#endif
     const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
     const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
     const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
@@ -808,10 +827,9 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
 /* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
-    /* Everything but the set's tables (hidden rows, row slots, logits) may
-     * come from the kernel before. No early trigger: the next launch goes as
-     * the blocks exit. */
-    TOVL_HIP_GRID_DEPENDENCY_WAIT();
+    /* Each path waits before it reads anything but the set's tables (hidden
+     * rows, row slots, logits may come from the kernel before). No early
+     * trigger: the next launch goes as the blocks exit. */
     if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
         lmhead_tiles<F32_LOGITS>(args);
     } else {
