@@ -273,3 +273,127 @@ void cuda_engine_stream_close(tovl_backend *be, CUstream stream) {
     CUcontext popped;
     cu->cuCtxPopCurrent(&popped);
 }
+
+/* Programmatic dependent launch: a hook's kernel may start before the kernel
+ * before it on the stream has finished, and must wait (griddepcontrol.wait)
+ * before it reads what that kernel writes. The kernel before each hook here
+ * lets its dependents launch at once, then spins for 20 us, and only then
+ * writes the hook's input (token ids for the embed hook, hidden rows for each
+ * lm_head hook) over poison: a hook that read before waiting would read the
+ * poison. (lm_head reading the embed hook's output, as in
+ * test_cuda_graph, does not show a missing wait: lm_head's own prologue
+ * outlasts the embed kernel's copies.) */
+static const char slow_copy_ptx[] =
+    ".version 7.8\n"
+    ".target sm_90\n"
+    ".address_size 64\n"
+    ".visible .entry slow_copy(.param .u64 dst, .param .u64 src, .param .u32 words, .param .u64 spin_ns)\n"
+    "{\n"
+    "    .reg .pred %p<3>;\n"
+    "    .reg .b32 %r<7>;\n"
+    "    .reg .b64 %rd<10>;\n"
+    "    griddepcontrol.launch_dependents;\n"
+    "    ld.param.u64 %rd1, [dst];\n"
+    "    ld.param.u64 %rd2, [src];\n"
+    "    ld.param.u32 %r1, [words];\n"
+    "    ld.param.u64 %rd3, [spin_ns];\n"
+    "    mov.u64 %rd4, %globaltimer;\n"
+    "    add.u64 %rd5, %rd4, %rd3;\n"
+    "SPIN:\n"
+    "    mov.u64 %rd6, %globaltimer;\n"
+    "    setp.lt.u64 %p1, %rd6, %rd5;\n"
+    "    @%p1 bra SPIN;\n"
+    "    griddepcontrol.wait;\n"
+    "    mov.u32 %r2, %ctaid.x;\n"
+    "    mov.u32 %r3, %ntid.x;\n"
+    "    mov.u32 %r4, %tid.x;\n"
+    "    mad.lo.u32 %r5, %r2, %r3, %r4;\n"
+    "    setp.ge.u32 %p2, %r5, %r1;\n"
+    "    @%p2 bra DONE;\n"
+    "    mul.wide.u32 %rd7, %r5, 4;\n"
+    "    add.u64 %rd8, %rd2, %rd7;\n"
+    "    add.u64 %rd9, %rd1, %rd7;\n"
+    "    ld.global.u32 %r6, [%rd8];\n"
+    "    st.global.u32 [%rd9], %r6;\n"
+    "DONE:\n"
+    "    ret;\n"
+    "}\n";
+
+/* slow_copy of `bytes` (a multiple of 4) from src to dst on `stream`,
+ * launched as the backend launches its kernels (with PDL). */
+static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst,
+                             tovl_devptr src, size_t bytes) {
+    unsigned long long d = dst, s = src, spin_ns = 20000;
+    unsigned int words = (unsigned int)(bytes / 4);
+    void *params[] = {&d, &s, &words, &spin_ns};
+    const uint32_t grid[3] = {(words + 255) / 256, 1, 1}, block[3] = {256, 1, 1};
+    CU_OK(tovl_cuda_launch_kernel(cu, fn, grid, block, stream, params, true));
+}
+
+/* The hooks at batch size T, each after a slow_copy that writes its input. */
+static void expect_hooks_wait_at(tovl_backend *be, tovl_backend *cpu, CUfunction slow_copy, CUstream stream, uint32_t T) {
+    char name[32];
+    snprintf(name, sizeof name, "pdl_wait_t%u", T);
+    const cuda_scenario sc = {name, T, 4096, 32000, 8, 8, 0, 1, 64, false, false};
+    tu_rng r = tu_rng_for(sc.name);
+    const uint64_t seed = tu_next(&r);
+    cuda_hook_case ref, hc;
+    cuda_hook_result want, got;
+    cr_assert_eq(cuda_case_setup(cpu, &sc, seed, &ref), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(cuda_case_enqueue(&ref, NULL), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(cuda_case_read(&ref, &want), TOVL_OK, "%s", tovl_last_error());
+
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    cr_assert_eq(cuda_case_setup(be, &sc, seed, &hc), TOVL_OK, "%s", tovl_last_error());
+    /* The true inputs aside; poison where the hooks will read them. */
+    const size_t ids_bytes = (size_t)sc.T * 4, hidden_bytes = (size_t)sc.T * sc.h * 2;
+    tovl_devptr true_ids = 0, true_hidden = 0, hidden_f32 = 0;
+    cr_assert_eq(tovl_alloc(be, ids_bytes, &true_ids), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, hidden_bytes, &true_hidden), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, hidden_bytes, &hidden_f32), TOVL_OK);
+    CU_OK(cu->cuMemcpyDtoDAsync(true_ids, hc.token_ids, ids_bytes, stream));
+    CU_OK(cu->cuMemcpyDtoDAsync(true_hidden, hc.final_hidden, hidden_bytes, stream));
+    CU_OK(cu->cuMemsetD32Async(hc.token_ids, UINT32_MAX, ids_bytes / 4, stream)); /* ids >= vocab: no row */
+    CU_OK(cu->cuMemsetD32Async(hc.final_hidden, 0x3F803F80u, hidden_bytes / 4, stream)); /* every element 1.0 */
+    CU_OK(cu->cuMemsetD32Async(hidden_f32, 0x3F803F80u, hidden_bytes / 4, stream));
+    CU_OK(cu->cuStreamSynchronize(stream));
+    hc.lm_f32.hidden = hidden_f32; /* its own input, so that a kernel writes it just before it too */
+
+    launch_slow_copy(cu, slow_copy, stream, hc.token_ids, true_ids, ids_bytes);
+    cr_assert_eq(tovl_embed_hook(hc.set, &hc.kernels, &hc.embed, stream), TOVL_OK, "%s", tovl_last_error());
+    launch_slow_copy(cu, slow_copy, stream, hc.final_hidden, true_hidden, hidden_bytes);
+    cr_assert_eq(tovl_lmhead_hook(hc.set, &hc.kernels, &hc.lm_bf16, stream), TOVL_OK, "%s", tovl_last_error());
+    launch_slow_copy(cu, slow_copy, stream, hidden_f32, true_hidden, hidden_bytes);
+    cr_assert_eq(tovl_lmhead_hook(hc.set, &hc.kernels, &hc.lm_f32, stream), TOVL_OK, "%s", tovl_last_error());
+    CU_OK(cu->cuStreamSynchronize(stream));
+    cr_assert_eq(cuda_case_read(&hc, &got), TOVL_OK, "%s", tovl_last_error());
+    char what[96];
+    snprintf(what, sizeof what, "%s (seed %" PRIu64 ")", sc.name, seed);
+    cuda_expect_same(&ref, &want, &got, what);
+
+    cuda_result_free(&want);
+    cuda_result_free(&got);
+    tovl_free(be, true_ids);
+    tovl_free(be, true_hidden);
+    tovl_free(be, hidden_f32);
+    cuda_case_free(&hc);
+    cuda_case_free(&ref);
+}
+
+void cuda_expect_hooks_wait(tovl_backend *be) {
+    tovl_backend *cpu = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    CUstream stream = cuda_engine_stream_open(be);
+    CUmodule module = NULL;
+    CUfunction slow_copy = NULL;
+    CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
+    CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
+    const uint32_t sizes[] = {8, 32, 64, 512};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        expect_hooks_wait_at(be, cpu, slow_copy, stream, sizes[i]);
+    }
+    cu->cuModuleUnload(module);
+    cuda_engine_stream_close(be, stream);
+    tovl_backend_close(cpu);
+}

@@ -75,4 +75,10 @@ void cuda_engine_stream_close(tovl_backend *be, CUstream stream);
 /* Setup, enqueue on NULL, synchronize, read, on both backends; compare. */
 void cuda_run_against_cpu(tovl_backend *dut, const cuda_scenario *sc, uint64_t seed);
 
+/* Each hook on `be` (launching with programmatic dependent launch) at T = 8,
+ * 32, 64 and 512, after a kernel that lets it launch at once and writes the
+ * hook's input 20 us later: the hook must wait for it (bit-exact against the
+ * CPU reference). */
+void cuda_expect_hooks_wait(tovl_backend *be);
+
 #endif

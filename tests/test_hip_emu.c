@@ -66,8 +66,8 @@ Test(hip_emu, conformance_wave32_lmhead_tiles, .timeout = 900) {
 }
 
 /* Batches the conformance cases do not reach, at both widths: the
- * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 (a block per
- * token) and 64 and 512 (tiles of one slot's rows), slots past the first 32
+ * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 and 64 (a block
+ * per token) and 512 (tiles of one slot's rows), slots past the first 32
  * with odd h on either side of TOVL_HIP_LMHEAD_TILE_MIN_T, slots in two
  * windows of the tiles' slot count (300 slots), and one active slot. */
 static void batches_at(unsigned warp) {
@@ -76,7 +76,7 @@ static void batches_at(unsigned warp) {
         {"hip_bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false},
         {"hip_bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false},
         {"hip_slots_past_32", 40, 4099, 3001, 48, 12, 1, 4, 19, false, true},
-        {"hip_slots_past_32_tiles", 100, 4099, 3001, 48, 12, 1, 4, 19, false, true},
+        {"hip_slots_past_32_tiles", 300, 4099, 3001, 48, 12, 1, 4, 19, false, true},
         {"hip_two_slot_windows", 600, 260, 4000, 300, 280, 3, 1, 3, false, false},
         {"hip_active_slot", 300, 1000, 2000, 4, 1, 2, 1, 9, true, false},
     };

@@ -10,7 +10,9 @@
  * kernel before it finishes, and waits (griddepcontrol.wait) before it reads
  * anything that kernel may have written (kernels/common.cuh). On the H200
  * that took the embed hook from 2.2 to 1.75 us per launch at T = 512.
- * TOVL_CUDA_PDL=0 turns it off; another port's module never gets it.
+ * TOVL_CUDA_PDL=0 turns it off. Another port's module gets it only when it
+ * says its kernels wait the same way (the global tovl_cuda_dependent_launch,
+ * include/tovl/tovl_cuda.h).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,6 +45,7 @@ typedef struct cuda_ctx {
     CUstream stream;   /* the backend's own stream: what NULL means */
     CUmodule module;
     bool native; /* the module is this port's: launch_shape.h applies */
+    bool waits;  /* its kernels wait for the kernel before them (this port's, or tovl_cuda_dependent_launch) */
     bool pdl;    /* launch with programmatic stream serialization */
     int cc_major;
     cuda_kernel kernels[TOVL_CUDA_KERNEL_COUNT];
@@ -52,7 +55,7 @@ typedef struct cuda_ctx {
     char cc_text[16];
     char sm_text[16];
     char module_text[128];
-    char pdl_text[64];
+    char pdl_text[96];
 } cuda_ctx;
 
 static const tovl_backend_iface cuda_iface;
@@ -560,11 +563,16 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
                           c->module_text, abi, TOVL_CUDA_PORT_ABI);
     }
     c->native = found;
+    c->waits = found;
     if (c->native) {
         st = write_sm_count(c);
-        if (st != TOVL_OK) {
-            return st;
-        }
+    } else {
+        uint32_t waits = 0;
+        st = copy_global(c, "tovl_cuda_dependent_launch", &waits, sizeof waits, false, &found);
+        c->waits = found && waits == 1;
+    }
+    if (st != TOVL_OK) {
+        return st;
     }
     for (int k = 0; k < TOVL_CUDA_KERNEL_COUNT; k++) {
         cuda_kernel *kernel = &c->kernels[k];
@@ -631,10 +639,10 @@ static tovl_status pdl_wanted(bool *wanted) {
  * 13.0). */
 static void choose_pdl(cuda_ctx *c, bool wanted) {
     const bool driver_has_it = c->drv.version >= 12030;
-    c->pdl = wanted && c->native && c->cc_major >= 9 && driver_has_it;
+    c->pdl = wanted && c->waits && c->cc_major >= 9 && driver_has_it;
     const char *text = c->pdl           ? "on"
                        : !wanted        ? "off (TOVL_CUDA_PDL=0)"
-                       : !c->native     ? "off (another port's module)"
+                       : !c->waits      ? "off (another port's module, without tovl_cuda_dependent_launch)"
                        : c->cc_major < 9 ? "off (needs sm_90 or newer)"
                                         : "off (needs a CUDA 12.3 or newer driver)";
     snprintf(c->pdl_text, sizeof c->pdl_text, "%s", text);

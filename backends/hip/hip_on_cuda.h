@@ -17,7 +17,14 @@
  *   __ballot(p)                                 __ballot_sync over the warp,
  *                                              widened to HIP's 64 bits
  *   __shfl_down(v, delta, width)                __shfl_down_sync over the warp
+ *   __shfl(v, src_lane, width)                  __shfl_sync over the warp
  * A HIP-only name used in the port fails to compile here: map it below.
+ *
+ * And the port's two hooks for programmatic dependent launch, empty on AMD:
+ *   TOVL_HIP_GRID_DEPENDENCY_WAIT()     griddepcontrol.wait (sm_90 and newer)
+ *   TOVL_HIP_GRID_DEPENDENTS_LAUNCH()   griddepcontrol.launch_dependents
+ * with the module global tovl_cuda_dependent_launch that tells the CUDA
+ * backend these kernels wait for the kernel before them (include/tovl/tovl_cuda.h).
  */
 #ifndef TOVL_HIP_ON_CUDA_H
 #define TOVL_HIP_ON_CUDA_H
@@ -42,8 +49,23 @@ template <typename T>
 __device__ __forceinline__ T tovl_hip_shfl_down(T value, unsigned delta, int width = warpSize) {
     return __shfl_down_sync(0xFFFFFFFFu, value, delta, width);
 }
+template <typename T>
+__device__ __forceinline__ T tovl_hip_shfl(T value, int src_lane, int width = warpSize) {
+    return __shfl_sync(0xFFFFFFFFu, value, src_lane, width);
+}
 #define __ballot tovl_hip_ballot
 #define __shfl_down tovl_hip_shfl_down
+#define __shfl tovl_hip_shfl
+
+/* Programmatic dependent launch, as the CUDA port's kernels/common.cuh: the
+ * wait returns once the grids before this one have completed and their
+ * memory is visible; launch_dependents lets the next grid start launching.
+ * Both are no-ops under a plain launch. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TOVL_HIP_GRID_DEPENDENCY_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define TOVL_HIP_GRID_DEPENDENTS_LAUNCH() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#endif
+extern "C" __device__ const unsigned int tovl_cuda_dependent_launch = 1;
 
 /* HIP's one-argument __launch_bounds__ (max threads per block) means the
  * same on CUDA; the port never passes HIP's second argument (min waves per

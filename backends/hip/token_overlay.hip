@@ -9,9 +9,10 @@
  * stays inside its group: ballots are read at warpSize and cut to the
  * group's 32 bits, shuffles run with width 32, block-wide counts and prefix
  * sums go through LDS. No dot-product lane or pairing of the spec's tree
- * depends on the width. Shared memory (LDS) use is at most 27 KiB a block
+ * depends on the width. Shared memory (LDS) use is at most 20 KiB a block
  * (lm_head), below the 64 KiB a workgroup may have; nothing relies on
- * asynchronous copies (AMD has no cp.async).
+ * asynchronous copies (AMD has no cp.async): loads are software-pipelined
+ * through registers.
  *
  * Arithmetic: each product and each sum is its own f32 operation, rounded to
  * nearest even. HIP's __fmul_rn / __fadd_rn are plain * and +, so the build
@@ -42,6 +43,16 @@
 #else
 #define TOVL_HIP_KERNEL extern "C" __global__
 #define TOVL_HIP_UNROLL _Pragma("unroll")
+#endif
+
+/* Programmatic dependent launch's wait and trigger points (hip_on_cuda.h
+ * defines them on NVIDIA). AMD has no such launch: the runtime starts a
+ * stream's kernel after the one before it ends, so both are empty. */
+#ifndef TOVL_HIP_GRID_DEPENDENCY_WAIT
+#define TOVL_HIP_GRID_DEPENDENCY_WAIT()
+#endif
+#ifndef TOVL_HIP_GRID_DEPENDENTS_LAUNCH
+#define TOVL_HIP_GRID_DEPENDENTS_LAUNCH()
 #endif
 
 #define BLOCK TOVL_HIP_BLOCK_THREADS
@@ -220,6 +231,7 @@ TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) rowdiff(tovl_rowdiff_args args) {
     const uint32_t lane = threadIdx.x % GROUP;
     const uint32_t row = blockIdx.x * TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK + threadIdx.x / GROUP;
     const bool mine = row < args.rows;
+    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* both tables may come from the kernel before */
     const bool differ = group_any(mine && rowdiff_row(args, row, lane));
     if (mine && lane == 0) {
         ptr<uint32_t>(args.flags)[row] = differ ? 1u : 0u;
@@ -230,34 +242,57 @@ TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) rowdiff(tovl_rowdiff_args args) {
 /* embed_overlay: copy the slot's row over token t's gathered row.            */
 /* ------------------------------------------------------------------------ */
 
-/* A block per token. The copy takes 16-byte vectors, two per thread in
- * flight (an h = 4096 row in one pass of 256 threads), when both rows are
- * 16-byte aligned and h is a multiple of 8; otherwise scalar up to the first
- * 16-byte boundary both rows share (throughout when they share none), vectors
- * from there, a scalar tail. A bit copy: NaN payloads stay as they are. */
-TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_args args) {
-    using namespace tovl_hip;
-    constexpr uint32_t UNROLL = 2;
-    const uint32_t t = blockIdx.x;
-    if (t >= args.T) {
-        return;
+namespace tovl_hip {
+
+/* Slot s's cells of the set's tables (the set's own: no kernel writes them). */
+struct EmbedSlotCells {
+    uint64_t slot_map, rows;
+    uint32_t n;
+};
+
+__device__ static inline EmbedSlotCells embed_slot_cells(const tovl_embed_overlay_args &args, uint32_t s) {
+    return EmbedSlotCells{ptr<const uint64_t>(args.slot_map_table)[s], ptr<const uint64_t>(args.rows_table)[s],
+                          ptr<const uint32_t>(args.n_table)[s]};
+}
+
+/* Thread `from` of this thread's row group: its value, to every thread of
+ * the group (every thread of the wavefront calls it; width-32 shuffles of
+ * 32-bit words). */
+__device__ static inline uint64_t group_u64(uint64_t v, uint32_t from) {
+    const uint32_t lo = __shfl((uint32_t)v, (int)from, GROUP), hi = __shfl((uint32_t)(v >> 32), (int)from, GROUP);
+    return (uint64_t)hi << 32 | lo;
+}
+
+/* Thread `from`'s cells, to every thread of its row group. */
+__device__ static inline EmbedSlotCells group_cells(const EmbedSlotCells &c, uint32_t from) {
+    return EmbedSlotCells{group_u64(c.slot_map, from), group_u64(c.rows, from), __shfl(c.n, (int)from, GROUP)};
+}
+
+/* `vectors` 16-byte vectors from src to dst (both 16-byte aligned), UNROLL
+ * per thread in flight, an iteration's loads before its stores. */
+__device__ static inline void embed_copy_vectors(const uint16_t *src, uint16_t *dst, uint32_t vectors) {
+    constexpr uint32_t UNROLL = 2; /* 256 threads x 2: an h = 4096 row in one pass */
+    for (uint32_t v0 = threadIdx.x; v0 < vectors; v0 += BLOCK * UNROLL) {
+        uint4 chunk[UNROLL];
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            if (v0 + u * BLOCK < vectors) {
+                chunk[u] = load16(src + (size_t)(v0 + u * BLOCK) * 8);
+            }
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < UNROLL; u++) {
+            if (v0 + u * BLOCK < vectors) {
+                store16(dst + (size_t)(v0 + u * BLOCK) * 8, chunk[u]);
+            }
+        }
     }
-    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
-    if (s < 0 || (uint32_t)s >= args.max_loras) {
-        return;
-    }
-    const uint64_t slot_map = ptr<const uint64_t>(args.slot_map_table)[s];
-    const uint32_t id = ptr<const uint32_t>(args.token_ids)[t];
-    if (slot_map == 0 || id >= args.vocab) {
-        return;
-    }
-    const int32_t j = ptr<const int32_t>(slot_map)[id];
-    if (j < 0 || (uint32_t)j >= ptr<const uint32_t>(args.n_table)[s]) {
-        return;
-    }
-    const uint32_t h = args.h;
-    const uint16_t *src = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]) + (size_t)j * h;
-    uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
+}
+
+/* A row whose rows are not both 16-byte aligned, or h not a multiple of 8:
+ * scalar up to the first 16-byte boundary both rows share (throughout when
+ * they share none), vectors from there, a scalar tail. */
+__device__ static void embed_copy_unaligned(const uint16_t *src, uint16_t *dst, uint32_t h) {
     uint32_t head = bf16_to_16b_boundary(dst);
     if (head != bf16_to_16b_boundary(src) || head > h) {
         head = h;
@@ -266,25 +301,64 @@ TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_a
         dst[i] = src[i];
     }
     const uint32_t vectors = (h - head) / 8;
-    const uint16_t *vs = src + head;
-    uint16_t *vd = dst + head;
-    for (uint32_t v0 = threadIdx.x; v0 < vectors; v0 += BLOCK * UNROLL) {
-        uint4 chunk[UNROLL];
-        TOVL_HIP_UNROLL
-        for (uint32_t u = 0; u < UNROLL; u++) {
-            if (v0 + u * BLOCK < vectors) {
-                chunk[u] = load16(vs + (size_t)(v0 + u * BLOCK) * 8);
-            }
-        }
-        TOVL_HIP_UNROLL
-        for (uint32_t u = 0; u < UNROLL; u++) {
-            if (v0 + u * BLOCK < vectors) {
-                store16(vd + (size_t)(v0 + u * BLOCK) * 8, chunk[u]);
-            }
-        }
-    }
+    embed_copy_vectors(src + head, dst + head, vectors);
     for (uint32_t i = head + vectors * 8 + threadIdx.x; i < h; i += BLOCK) {
         dst[i] = src[i];
+    }
+}
+
+} // namespace tovl_hip
+
+/* A block per token. The lookup is a chain of three round trips: (the
+ * token's slot and id, and the slots' table cells) -> slot_map[s][id] -> the
+ * row. With at most 32 slots, thread k of every row group fetches slot k's
+ * cells in the first trip and the group takes its slot's by width-32
+ * shuffles (no LDS, no barrier); a larger set reads slot s's cells after
+ * the first trip. The copy: 16-byte vectors, two per thread in flight; rows
+ * not both 16-byte aligned or h not a multiple of 8 take the scalar head and
+ * tail. A bit copy: NaN payloads stay as they are. The CUDA port's embed
+ * kernel has the same chain (docs/PERFORMANCE.md, Embed hook). */
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_args args) {
+    using namespace tovl_hip;
+    const uint32_t t = blockIdx.x;
+    if (t >= args.T) {
+        return; /* the whole block */
+    }
+    const uint32_t lane = threadIdx.x % GROUP;
+    const bool by_shuffle = args.max_loras <= GROUP;
+    EmbedSlotCells lane_cells = {0, 0, 0};
+    if (by_shuffle && lane < args.max_loras) {
+        lane_cells = embed_slot_cells(args, lane);
+    }
+    const uint32_t h = args.h;
+    uint16_t *dst = ptr<uint16_t>(args.hidden) + (size_t)t * h;
+    /* The token's slot and id, and its hidden row, may come from the kernel
+     * before; the set's table cells above may not. */
+    TOVL_HIP_GRID_DEPENDENCY_WAIT();
+    const int32_t s = row_slot(args.token_slots, args.active_slot, t);
+    const uint32_t id = ptr<const uint32_t>(args.token_ids)[t];
+    const bool valid = s >= 0 && (uint32_t)s < args.max_loras;
+    /* Before any thread leaves: the shuffles need the whole wavefront. */
+    EmbedSlotCells cells = group_cells(lane_cells, valid ? (uint32_t)s % GROUP : 0u);
+    if (!valid || id >= args.vocab) {
+        return;
+    }
+    if (!by_shuffle) {
+        cells = embed_slot_cells(args, (uint32_t)s);
+    }
+    if (cells.slot_map == 0) {
+        return;
+    }
+    const int32_t j = ptr<const int32_t>(cells.slot_map)[id];
+    TOVL_HIP_GRID_DEPENDENTS_LAUNCH(); /* the lookups are done: the next kernel may start launching */
+    if (j < 0 || (uint32_t)j >= cells.n) {
+        return;
+    }
+    const uint16_t *src = ptr<const uint16_t>(cells.rows) + (size_t)j * h;
+    if (((((uintptr_t)src | (uintptr_t)dst) & 15u) | (h & 7u)) == 0) {
+        embed_copy_vectors(src, dst, h / 8); /* the common case: no scalar head or tail loops */
+    } else {
+        embed_copy_unaligned(src, dst, h);
     }
 }
 
@@ -297,8 +371,10 @@ TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_a
  * The hidden row is staged once per block into LDS, X_CHUNK elements at a
  * time with 16-byte loads, and read from there by all 8 groups: each element
  * of hidden[t] comes from global memory once for the block's 8 dots. Each
- * overlay row is read once, with 16-byte loads, ROUNDS_AHEAD rounds in
- * flight before the first is used.
+ * overlay row is read once, with 16-byte loads, ROW_ROUNDS_AHEAD rounds in
+ * flight before the first is used; the first of a chunk are requested before
+ * the hidden row is staged, so the two rows' loads overlap (no asynchronous
+ * copies on AMD: software pipelining through registers).
  *
  * The dot order. Thread p (0..31) of a group holds the spec's lanes
  * 8p .. 8p + 7: in each 256-element round r it takes elements
@@ -311,10 +387,55 @@ TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) embed_overlay(tovl_embed_overlay_a
  */
 namespace tovl_hip {
 
-constexpr uint32_t X_CHUNK = 4096;     /* hidden-row elements staged at a time: 8 KiB of LDS */
-constexpr uint32_t ROUNDS_AHEAD = 4;   /* overlay-row vectors a thread has in flight */
+constexpr uint32_t X_CHUNK = 4096; /* hidden-row elements staged at a time: 8 KiB of LDS */
+/* Overlay-row vectors a thread has in flight: the whole 16-round chunk (64
+ * registers), as the CUDA port's row2 kernel has; 8 took 3.14 us at T = 1
+ * against 2.93 on the H200 (docs/HIP.md). */
+#ifndef TOVL_HIP_LMHEAD_ROW_ROUNDS_AHEAD
+#define TOVL_HIP_LMHEAD_ROW_ROUNDS_AHEAD 16
+#endif
+constexpr uint32_t ROW_ROUNDS_AHEAD = TOVL_HIP_LMHEAD_ROW_ROUNDS_AHEAD;
 constexpr uint32_t LANES = TOVL_DOT_LANES / GROUP; /* dot lanes per thread: 8 */
 static_assert(X_CHUNK % TOVL_DOT_LANES == 0 && X_CHUNK % (8 * BLOCK) == 0, "whole rounds, whole vector jobs");
+static_assert((X_CHUNK / TOVL_DOT_LANES) % ROW_ROUNDS_AHEAD == 0, "whole batches of rounds per chunk");
+
+/* One round of a thread's 8 lanes: acc[i] += x[e + i] * w[e + i] for the
+ * elements below h (the product and the sum each rounded: never fused).
+ * WHOLE: all 8 lie below h. */
+template <bool WHOLE>
+__device__ static inline void dot_round(float (&acc)[LANES], const uint4 &xv, const uint4 &wv, uint32_t e,
+                                        uint32_t h) {
+    TOVL_HIP_UNROLL
+    for (uint32_t i = 0; i < LANES; i++) {
+        if (WHOLE || e + i < h) {
+            acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_of(xv, i), bf16_of(wv, i)));
+        }
+    }
+}
+
+/* This thread's vectors of rounds r0 .. r0 + N - 1 of overlay row w, from
+ * element c0. WHOLE (the rows 16-byte aligned, the rounds within h): plain
+ * 16-byte loads, unconditional, so that all are in flight before the first
+ * is used (a load under a condition is waited for where the paths join);
+ * else rounds past `rounds` or h are not loaded. */
+template <bool WHOLE, uint32_t N>
+__device__ static inline void load_rounds(uint4 (&wv)[N], const uint16_t *w, uint32_t c0, uint32_t r0,
+                                          uint32_t rounds, uint32_t first, uint32_t h, bool vectors) {
+    TOVL_HIP_UNROLL
+    for (uint32_t j = 0; j < N; j++) {
+        const uint32_t e = c0 + (r0 + j) * TOVL_DOT_LANES + first;
+        if (WHOLE) {
+            wv[j] = load16(w + e);
+        } else if (r0 + j < rounds && e < h) {
+            wv[j] = load8_bf16(w, e, h, vectors);
+        }
+    }
+}
+
+/* Rounds of a chunk from element c0: 256-element rounds, the last partial. */
+__device__ static inline uint32_t chunk_rounds(uint32_t c0, uint32_t chunk, uint32_t h) {
+    return (h - c0 < chunk ? h - c0 + TOVL_DOT_LANES - 1 : chunk) / TOVL_DOT_LANES;
+}
 
 /* Strides 128 .. 1 over this thread's 8 lane sums and its group's; the
  * result in the group's thread 0. Every thread of the wavefront calls it. */
@@ -347,6 +468,55 @@ __device__ static inline void store_logit(const tovl_lmhead_overlay_args &args, 
     }
 }
 
+/* Slot s's cells of the set's lm_head tables (the set's own). */
+struct LmheadSlotCells {
+    uint64_t rows, ids;
+    uint32_t n;
+};
+
+__device__ static inline LmheadSlotCells lmhead_slot_cells(const tovl_lmhead_overlay_args &args, uint32_t s) {
+    return LmheadSlotCells{ptr<const uint64_t>(args.rows_table)[s], ptr<const uint64_t>(args.ids_table)[s],
+                           ptr<const uint32_t>(args.n_table)[s]};
+}
+
+/* Thread `from`'s cells, to every thread of its row group. */
+__device__ static inline LmheadSlotCells group_lmhead_cells(const LmheadSlotCells &c, uint32_t from) {
+    return LmheadSlotCells{group_u64(c.rows, from), group_u64(c.ids, from), __shfl(c.n, (int)from, GROUP)};
+}
+
+/* Elements c0 .. c0 + X_CHUNK of a row path's dot: the first overlay-row
+ * vectors requested, the hidden row staged in LDS, then the rounds. WHOLE:
+ * the rows 16-byte aligned and the chunk within h. Every thread calls it. */
+template <bool WHOLE>
+__device__ static inline void rows_chunk(float (&acc)[LANES], uint4 (&xs)[X_CHUNK / 8], const uint16_t *x,
+                                         const uint16_t *w, bool live, uint32_t c0, uint32_t h, uint32_t first,
+                                         bool vectors) {
+    constexpr uint32_t CHUNK_ROUNDS = X_CHUNK / TOVL_DOT_LANES;
+    const uint32_t rounds = WHOLE ? CHUNK_ROUNDS : chunk_rounds(c0, X_CHUNK, h);
+    uint4 wv[ROW_ROUNDS_AHEAD];
+    load_rounds<WHOLE>(wv, w, c0, 0, rounds, first, h, vectors); /* in flight while the hidden row is staged */
+    __syncthreads(); /* the previous chunk is read */
+    for (uint32_t v = threadIdx.x; v < X_CHUNK / 8; v += BLOCK) {
+        xs[v] = WHOLE ? load16(x + c0 + 8 * v) : load8_bf16(x, c0 + 8 * v, h, vectors);
+    }
+    __syncthreads();
+    if (!live) {
+        return;
+    }
+    for (uint32_t r0 = 0; r0 < rounds; r0 += ROW_ROUNDS_AHEAD) {
+        if (r0 > 0) {
+            load_rounds<WHOLE>(wv, w, c0, r0, rounds, first, h, vectors);
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < ROW_ROUNDS_AHEAD; j++) {
+            const uint32_t at = (r0 + j) * TOVL_DOT_LANES + first; /* within the chunk */
+            if (WHOLE || (r0 + j < rounds && c0 + at < h)) {
+                dot_round<WHOLE>(acc, xs[at / 8], wv[j], c0 + at, h);
+            }
+        }
+    }
+}
+
 /* Small batches: block (t, y) is token t. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
@@ -355,18 +525,32 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
     if (t >= args.T) {
         return; /* the whole block */
     }
+    /* With at most 32 slots, thread k of each row group fetches slot k's
+     * table cells before the wait (the set's own: no kernel writes them) and
+     * the group takes its slot's by shuffles: one round trip fewer. */
+    const uint32_t group_lane = threadIdx.x % GROUP;
+    const bool by_shuffle = args.max_loras <= GROUP;
+    LmheadSlotCells lane_cells = {0, 0, 0};
+    if (by_shuffle && group_lane < args.max_loras) {
+        lane_cells = lmhead_slot_cells(args, group_lane);
+    }
+    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* the row slots and hidden rows may come from the kernel before */
     const int32_t s = row_slot(args.row_slots, args.active_slot, t);
-    if (s < 0 || (uint32_t)s >= args.max_loras) {
+    const bool valid = s >= 0 && (uint32_t)s < args.max_loras;
+    LmheadSlotCells cells = group_lmhead_cells(lane_cells, valid ? (uint32_t)s % GROUP : 0u);
+    if (!valid) {
         return;
     }
-    const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
-    const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
+    if (!by_shuffle) {
+        cells = lmhead_slot_cells(args, (uint32_t)s);
+    }
+    const uint32_t n = cells.n < args.max_n ? cells.n : args.max_n;
     const uint32_t h = args.h;
     const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * h;
-    const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
-    const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
+    const uint16_t *rows = ptr<const uint16_t>(cells.rows);
+    const uint32_t *ids = ptr<const uint32_t>(cells.ids);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
+    const uint32_t lane = group_lane, cell = threadIdx.x / GROUP;
     const uint32_t first = LANES * lane; /* this thread's first element of a round */
 
     /* Block-uniform: every thread reaches each barrier below. */
@@ -381,40 +565,10 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
             acc[i] = 0.0f;
         }
         for (uint32_t c0 = 0; c0 < h; c0 += X_CHUNK) {
-            /* Stage elements c0 .. c0 + X_CHUNK of the hidden row (0 past h). */
-            __syncthreads(); /* the previous chunk is read */
-            for (uint32_t v = threadIdx.x; v < X_CHUNK / 8; v += BLOCK) {
-                xs[v] = load8_bf16(x, c0 + 8 * v, h, vectors);
-            }
-            __syncthreads();
-            if (!live) {
-                continue;
-            }
-            const uint32_t rounds = (h - c0 < X_CHUNK ? h - c0 + TOVL_DOT_LANES - 1 : X_CHUNK) / TOVL_DOT_LANES;
-            for (uint32_t r0 = 0; r0 < rounds; r0 += ROUNDS_AHEAD) {
-                uint4 wv[ROUNDS_AHEAD];
-                TOVL_HIP_UNROLL
-                for (uint32_t j = 0; j < ROUNDS_AHEAD; j++) {
-                    const uint32_t e = c0 + (r0 + j) * TOVL_DOT_LANES + first;
-                    if (r0 + j < rounds && e < h) {
-                        wv[j] = load8_bf16(w, e, h, vectors);
-                    }
-                }
-                TOVL_HIP_UNROLL
-                for (uint32_t j = 0; j < ROUNDS_AHEAD; j++) {
-                    const uint32_t at = (r0 + j) * TOVL_DOT_LANES + first; /* within the chunk */
-                    const uint32_t e = c0 + at;
-                    if (r0 + j >= rounds || e >= h) {
-                        continue;
-                    }
-                    const uint4 xv = xs[at / 8];
-                    TOVL_HIP_UNROLL
-                    for (uint32_t i = 0; i < LANES; i++) {
-                        if (e + i < h) {
-                            acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_of(xv, i), bf16_of(wv[j], i)));
-                        }
-                    }
-                }
+            if (vectors && c0 + X_CHUNK <= h) { /* block-uniform */
+                rows_chunk<true>(acc, xs, x, w, live, c0, h, first, vectors);
+            } else {
+                rows_chunk<false>(acc, xs, x, w, live, c0, h, first, vectors);
             }
         }
         const float v = lmhead_tree(acc);
@@ -426,7 +580,18 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
 
 /* ---- Larger batches: tiles of up to TILE_ROWS rows of one slot. ---- */
 constexpr uint32_t TILE_ROWS = 8;         /* rows of one slot a block takes */
-constexpr uint32_t TILE_X_CHUNK = 1024;   /* elements of each row staged at a time: 16 KiB of LDS */
+/* Elements of each row staged at a time, into one of two LDS buffers (2 x 4
+ * KiB): the next chunk's loads are in registers while this one is computed.
+ * One 256-element round: on the H200 (HIP source, docs/HIP.md) 41.3 us at
+ * T = 512 against 58.3 with 1024 (214 registers, one block per SM) and 40.9
+ * with 512 (overlay loads then not ahead, to stay within 128 registers);
+ * 19.5 KiB of LDS a block, so CDNA fits three workgroups in its 64 KiB. */
+#ifndef TOVL_HIP_LMHEAD_TILE_X_CHUNK
+#define TOVL_HIP_LMHEAD_TILE_X_CHUNK 256
+#endif
+constexpr uint32_t TILE_X_CHUNK = TOVL_HIP_LMHEAD_TILE_X_CHUNK;
+constexpr uint32_t TILE_CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES; /* overlay-row vectors per thread and chunk */
+constexpr uint32_t TILE_STAGE_JOBS = TILE_ROWS * TILE_X_CHUNK / 8 / BLOCK; /* hidden-row vectors per thread and chunk */
 static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_X_CHUNK / 8) % BLOCK == 0, "whole jobs");
 
 /* Inclusive prefix sum of v over the block's threads (in thread order) and
@@ -515,6 +680,84 @@ __device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &arg
     return found > first ? (found - first < TILE_ROWS ? found - first : TILE_ROWS) : 0u;
 }
 
+/* Chunk c0 of a tile into registers: this thread's TILE_STAGE_JOBS vectors
+ * of the group's hidden rows and its TILE_CHUNK_ROUNDS vectors of overlay
+ * row w. WHOLE (rows 16-byte aligned,
+ * the chunk within h): unconditional 16-byte loads, rows past len reading
+ * row len - 1 (never used), so all are in flight at once; else 0 for rows
+ * past len and elements past h. */
+template <bool WHOLE>
+__device__ static inline void tile_load_chunk(const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS],
+                                              uint32_t len, const uint16_t *w, uint32_t c0, uint32_t h,
+                                              bool vectors, uint4 (&staged)[TILE_STAGE_JOBS],
+                                              uint4 (&wv)[TILE_CHUNK_ROUNDS]) {
+    TOVL_HIP_UNROLL
+    for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
+        const uint32_t v = threadIdx.x + u * BLOCK;
+        const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
+        if (WHOLE) {
+            staged[u] = load16(hidden + (size_t)rows_of[m < len ? m : len - 1] * h + c0 + 8 * col);
+        } else {
+            staged[u] = uint4{0, 0, 0, 0};
+            if (m < len) {
+                staged[u] = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
+            }
+        }
+    }
+    load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h, vectors);
+}
+
+/* A tile's dots over chunks c_begin .. c_end (c_end - c_begin a multiple of
+ * TILE_X_CHUNK, or the last chunk): chunk c + 1's vectors are loaded into
+ * registers while chunk c is computed from LDS buffer c % 2, one barrier a
+ * chunk (no asynchronous copies on AMD: software pipelining). Every thread
+ * calls it; a thread whose overlay row is not live loads row 0 and adds
+ * nothing. */
+template <bool WHOLE>
+__device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 (&xs)[2][TILE_ROWS][TILE_X_CHUNK / 8],
+                                          const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS], uint32_t len,
+                                          const uint16_t *w, bool live, uint32_t c_begin, uint32_t c_end, uint32_t h,
+                                          bool vectors) {
+    const uint32_t first = LANES * (threadIdx.x % GROUP);
+    uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS] = {}; /* rounds past h stay unloaded */
+    tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c_begin, h, vectors, staged, wv);
+    __syncthreads(); /* the chunks before are read */
+    uint32_t buf = 0;
+    for (uint32_t c0 = c_begin; c0 < c_end; c0 += TILE_X_CHUNK, buf ^= 1u) {
+        TOVL_HIP_UNROLL
+        for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
+            const uint32_t v = threadIdx.x + u * BLOCK;
+            xs[buf][v / (TILE_X_CHUNK / 8)][v % (TILE_X_CHUNK / 8)] = staged[u];
+        }
+        __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
+        uint4 wcur[TILE_CHUNK_ROUNDS];
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
+            wcur[j] = wv[j];
+        }
+        if (c0 + TILE_X_CHUNK < c_end) {
+            tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c0 + TILE_X_CHUNK, h, vectors, staged, wv);
+        }
+        if (!live) {
+            continue;
+        }
+        const uint32_t rounds = WHOLE ? TILE_CHUNK_ROUNDS : chunk_rounds(c0, TILE_X_CHUNK, h);
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
+            const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
+            if (!WHOLE && (j >= rounds || e >= h)) {
+                continue;
+            }
+            TOVL_HIP_UNROLL
+            for (uint32_t m = 0; m < TILE_ROWS; m++) {
+                if (m < len) {
+                    dot_round<WHOLE>(acc[m], xs[buf][m][at / 8], wcur[j], e, h);
+                }
+            }
+        }
+    }
+}
+
 /* Block (x, y): the x-th group of up to TILE_ROWS rows of one slot (in
  * increasing t; lmhead_pick) times overlay rows 8 y .. 8 y + 7 of that
  * slot, a row group per overlay row. The group's hidden rows are staged in
@@ -526,15 +769,16 @@ __device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &arg
  * a bound on them, leaves at once. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
-    __shared__ uint4 xs[TILE_ROWS][TILE_X_CHUNK / 8];
+    __shared__ uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
     __shared__ uint32_t rows_of[TILE_ROWS];
     const uint32_t x = blockIdx.x;
     const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
     if (x >= bound) {
         return; /* the whole block: no group can be this one */
     }
+    TOVL_HIP_GRID_DEPENDENCY_WAIT();
     const uint32_t h = args.h;
-    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP, first = LANES * lane;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
     uint32_t s, g;
     if (!lmhead_pick(args, x, blockIdx.y * LMHEAD_ROWS, s, g)) {
         return; /* uniform: x is past the batch's groups */
@@ -559,50 +803,14 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
                 acc[m][i] = 0.0f;
             }
         }
-        for (uint32_t c0 = 0; c0 < h; c0 += TILE_X_CHUNK) {
-            __syncthreads(); /* the previous chunk is read */
-            for (uint32_t v = threadIdx.x; v < TILE_ROWS * TILE_X_CHUNK / 8; v += BLOCK) {
-                const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
-                uint4 value = {0, 0, 0, 0};
-                if (m < len) {
-                    value = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
-                }
-                xs[m][col] = value;
-            }
-            __syncthreads();
-            if (!live) {
-                continue;
-            }
-            const uint32_t rounds =
-                (h - c0 < TILE_X_CHUNK ? h - c0 + TOVL_DOT_LANES - 1 : TILE_X_CHUNK) / TOVL_DOT_LANES;
-            constexpr uint32_t CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES;
-            uint4 wv[CHUNK_ROUNDS];
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
-                const uint32_t e = c0 + j * TOVL_DOT_LANES + first;
-                if (j < rounds && e < h) {
-                    wv[j] = load8_bf16(w, e, h, vectors);
-                }
-            }
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < CHUNK_ROUNDS; j++) {
-                const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
-                if (j >= rounds || e >= h) {
-                    continue;
-                }
-                TOVL_HIP_UNROLL
-                for (uint32_t m = 0; m < TILE_ROWS; m++) {
-                    if (m < len) {
-                        const uint4 xv = xs[m][at / 8];
-                        TOVL_HIP_UNROLL
-                        for (uint32_t i = 0; i < LANES; i++) {
-                            if (e + i < h) {
-                                acc[m][i] = __fadd_rn(acc[m][i], __fmul_rn(bf16_of(xv, i), bf16_of(wv[j], i)));
-                            }
-                        }
-                    }
-                }
-            }
+        /* Whole chunks by the fast path, a partial last one (or rows not
+         * 16-byte aligned) by the general one. */
+        const uint32_t whole_end = vectors ? h / TILE_X_CHUNK * TILE_X_CHUNK : 0;
+        if (whole_end > 0) {
+            tile_chunks<true>(acc, xs, hidden, rows_of, len, w, live, 0, whole_end, h, vectors);
+        }
+        if (whole_end < h) {
+            tile_chunks<false>(acc, xs, hidden, rows_of, len, w, live, whole_end, h, h, vectors);
         }
         TOVL_HIP_UNROLL
         for (uint32_t m = 0; m < TILE_ROWS; m++) {
@@ -619,6 +827,9 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
 /* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
+    /* Each path waits before it reads anything but the set's tables (hidden
+     * rows, row slots, logits may come from the kernel before). No early
+     * trigger: the next launch goes as the blocks exit. */
     if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
         lmhead_tiles<F32_LOGITS>(args);
     } else {

@@ -43,9 +43,14 @@ TOVL_API tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out
  *         {block_x, block_y, items_x, items_y};
  * then its blocks have block_x x block_y threads and each covers items_x x
  * items_y points of the logical grid: grid = (ceil(gx / items_x),
- * ceil(gy / items_y), 1). Only this port's modules are launched with
+ * ceil(gy / items_y), 1). This port's modules are launched with
  * programmatic dependent launch (sm_90 and newer): their kernels wait for the
- * kernel before them; another module is launched plainly. */
+ * kernel before them. Another module is too when it defines
+ *     extern "C" __device__ const unsigned int tovl_cuda_dependent_launch = 1;
+ * promising that each of its kernels executes griddepcontrol.wait before it
+ * reads or writes anything but the overlay set's own tables (the HIP port
+ * through backends/hip/hip_on_cuda.h does); otherwise it is launched plainly.
+ * TOVL_CUDA_PDL=0 launches every module plainly. */
 TOVL_API tovl_status tovl_cuda_backend_open_image(const void *image, size_t size, const char *label,
                                                   tovl_backend **out);
 

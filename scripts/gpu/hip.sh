@@ -13,9 +13,11 @@
 #      on the CUDA port, one after the other in this run with one seed, and
 #      the two side by side (scripts/lib/bench_side_by_side.py): rowdiff and
 #      its fraction of copy, the idle dispatch, embed and lm_head bf16 at
-#      T = 1, 8, 64, 512. The HIP source is launched through the CUDA
-#      backend's convention for another port's module: plain launches, no
-#      programmatic dependent launch. TOVL_HIP_BENCH=0 leaves this out.
+#      T = 1, 8, 64, 512. The HIP source's cubin defines
+#      tovl_cuda_dependent_launch, so the CUDA backend launches it with
+#      programmatic dependent launch as it does the CUDA port; then both
+#      again with plain launches (TOVL_CUDA_PDL=0), a second table.
+#      TOVL_HIP_BENCH=0 leaves this out.
 # Logs go to $OUT/hip (default /tmp/tovl-gpu-out/hip); a summary prints last.
 # TOVL_HIP_SANITIZERS (default "memcheck racecheck"; synccheck and initcheck
 # also work) and TOVL_HIP_SANITIZER_TIMEOUT (seconds per tool, default 150)
@@ -72,6 +74,15 @@ if [ "${TOVL_HIP_BENCH:-1}" != 0 ]; then
       summary+=("FAIL  bench-side-by-side (see bench-side-by-side.md)")
     bench_table=$out/bench-side-by-side.md
   fi
+  step bench-hip-source-plain env TOVL_CUDA_PDL=0 "$tovl" bench --cuda-image "$hip_cubin" --tokens "$bench_tokens" \
+    --seed "$fresh_seed" --hooks-only --json "$out/bench-hip-source-plain.json"
+  step bench-cuda-port-plain env TOVL_CUDA_PDL=0 "$tovl" bench --backend cuda --tokens "$bench_tokens" \
+    --seed "$fresh_seed" --hooks-only --json "$out/bench-cuda-port-plain.json"
+  if [ -s "$out/bench-hip-source-plain.json" ] && [ -s "$out/bench-cuda-port-plain.json" ]; then
+    python3 scripts/lib/bench_side_by_side.py "$out/bench-cuda-port-plain.json" "CUDA port, plain launches" \
+      "$out/bench-hip-source-plain.json" "HIP source, plain launches" > "$out/bench-side-by-side-plain.md" 2>&1 ||
+      summary+=("FAIL  bench-side-by-side-plain (see bench-side-by-side-plain.md)")
+  fi
 fi
 
 echo
@@ -87,6 +98,7 @@ echo "hip here:   ${hip_line:-?}"
 if [ -n "$bench_table" ]; then
   echo "bench:      tovl bench --tokens $bench_tokens --seed $fresh_seed, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
   cat "$bench_table"
+  [ -s "$out/bench-side-by-side-plain.md" ] && echo && cat "$out/bench-side-by-side-plain.md"
 fi
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^FAIL'

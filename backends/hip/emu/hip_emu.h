@@ -28,4 +28,10 @@ inline T __shfl_down(T value, unsigned delta, int width = (int)warpSize) {
         tovl_emu::shfl_down(tovl_emu::hip_all_lanes(), tovl_emu::bits_of(value), delta, (unsigned)width));
 }
 
+template <typename T>
+inline T __shfl(T value, int src_lane, int width = (int)warpSize) {
+    return tovl_emu::from_bits<T>(
+        tovl_emu::shfl_idx(tovl_emu::hip_all_lanes(), tovl_emu::bits_of(value), (unsigned)src_lane, (unsigned)width));
+}
+
 #endif /* TOVL_HIP_EMU_H */
