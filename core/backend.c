@@ -102,6 +102,16 @@ size_t tovl_backend_list(tovl_backend_info *out, size_t capacity) {
     return REGISTRY_SIZE;
 }
 
+static int compare_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double tovl_median(double *values, uint32_t n) {
+    qsort(values, n, sizeof *values, compare_double);
+    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 tovl_status tovl_backend_create(const tovl_backend_iface *iface, void *ctx, tovl_backend **out) {
     if (!out || !iface) {
         if (iface && iface->destroy) {

@@ -148,16 +148,6 @@ static double now_us(void) {
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-static int compare_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, compare_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* One sample of `batch` launches takes at most this long: a kernel of 0.2 s
  * (rowdiff over 152064 x 4096) is then timed one launch per sample. */
 #define CPU_SAMPLE_US 250000.0
@@ -191,8 +181,8 @@ static tovl_status cpu_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t
         samples[repeats + r] = (now_us() - t0) / batch;
     }
     if (st == TOVL_OK) {
-        out->single_us = median(samples, repeats);
-        out->batched_us = median(samples + repeats, repeats);
+        out->single_us = tovl_median(samples, repeats);
+        out->batched_us = tovl_median(samples + repeats, repeats);
         out->repeats = repeats;
     }
     free(samples);
@@ -246,7 +236,7 @@ static tovl_status cpu_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats,
             copy_all(pool, &j);
             samples[r] = now_us() - t0;
         }
-        *gbps = 2.0 * (double)bytes / (median(samples, repeats) * 1e-6) / 1e9;
+        *gbps = 2.0 * (double)bytes / (tovl_median(samples, repeats) * 1e-6) / 1e9;
     }
     free(dst);
     free(src);

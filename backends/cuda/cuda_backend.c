@@ -216,16 +216,6 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
 /* ------------------------------------------------------------------------ */
 /* Timing (for tovl bench): device events on the own stream, medians.        */
 /* ------------------------------------------------------------------------ */
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Record `start`, run `work` (a launch, a graph replay, a copy), record `stop`
  * and return the elapsed milliseconds. */
 typedef CUresult (*timed_work)(cuda_ctx *c, void *arg);
@@ -329,8 +319,8 @@ static tovl_status cuda_time_kernel(void *ctx, tovl_kernel kernel, const uint32_
         batched[i] /= batch;
     }
     if (st == TOVL_OK) {
-        out->single_us = 1000.0 * median(single, repeats);
-        out->batched_us = 1000.0 * median(batched, repeats);
+        out->single_us = 1000.0 * tovl_median(single, repeats);
+        out->batched_us = 1000.0 * tovl_median(batched, repeats);
         out->repeats = repeats;
     }
     if (exec) c->drv.cuGraphExecDestroy(exec);
@@ -382,7 +372,7 @@ static tovl_status cuda_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats
             st = time_once(c, start, stop, run_copy, &w, &ms[i]);
         }
         if (st == TOVL_OK) {
-            *gbps = 2.0 * (double)w.bytes / (median(ms, repeats) * 1e-3) / 1e9; /* read + written */
+            *gbps = 2.0 * (double)w.bytes / (tovl_median(ms, repeats) * 1e-3) / 1e9; /* read + written */
         }
         if (start) c->drv.cuEventDestroy(start);
         if (stop) c->drv.cuEventDestroy(stop);

@@ -199,16 +199,6 @@ static tovl_status hip_synchronize(void *ctx, void *stream) {
 /* ------------------------------------------------------------------------ */
 /* Timing with the device's clock (tovl bench): HIP events and graphs.        */
 /* ------------------------------------------------------------------------ */
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* A stream of its own and two events: what one timing call works with. */
 typedef struct hip_timer {
     hipStream_t stream;
@@ -339,8 +329,8 @@ static tovl_status hip_time_kernel(void *ctx, tovl_kernel kernel, const uint32_t
         batched[i] /= batch;
     }
     if (st == TOVL_OK) {
-        out->single_us = 1000.0 * median(single, repeats);
-        out->batched_us = 1000.0 * median(batched, repeats);
+        out->single_us = 1000.0 * tovl_median(single, repeats);
+        out->batched_us = 1000.0 * tovl_median(batched, repeats);
         out->repeats = repeats;
     }
     if (t.stream) {
@@ -388,7 +378,7 @@ static tovl_status hip_copy_bandwidth(void *ctx, size_t bytes, uint32_t repeats,
         st = time_once(c, &t, run_copy, &w, &ms[i]);
     }
     if (st == TOVL_OK) {
-        *gbps = 2.0 * (double)w.bytes / (median(ms, repeats) * 1e-3) / 1e9;
+        *gbps = 2.0 * (double)w.bytes / (tovl_median(ms, repeats) * 1e-3) / 1e9;
     }
     if (t.stream) {
         c->api->hipStreamSynchronize(t.stream);

@@ -7,16 +7,6 @@
 
 #include "vk_internal.h"
 
-static int compare_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, uint32_t n) {
-    qsort(v, n, sizeof *v, compare_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 typedef enum { RECORD_KERNEL, RECORD_COPY } record_kind;
 
 typedef struct timed_work {
@@ -131,12 +121,12 @@ tovl_status tovl_vk_time_kernel(void *vctx, tovl_kernel kernel, const uint32_t g
                     .count = batch};
     tovl_status st = run_timed(ctx, &w, repeats, ns);
     if (st == TOVL_OK) {
-        out->batched_us = median(ns, repeats) / 1000.0 / batch;
+        out->batched_us = tovl_median(ns, repeats) / 1000.0 / batch;
         w.count = 1;
         st = run_timed(ctx, &w, repeats, ns);
     }
     if (st == TOVL_OK) {
-        out->single_us = median(ns, repeats) / 1000.0;
+        out->single_us = tovl_median(ns, repeats) / 1000.0;
         out->repeats = repeats;
     }
     free(ns);
@@ -164,7 +154,7 @@ tovl_status tovl_vk_copy_bandwidth(void *vctx, size_t bytes, uint32_t repeats, d
         st = run_timed(ctx, &w, repeats, ns);
     }
     if (st == TOVL_OK) {
-        double seconds = median(ns, repeats) * 1e-9;
+        double seconds = tovl_median(ns, repeats) * 1e-9;
         *gbps = seconds > 0 ? 2.0 * (double)bytes / seconds / 1e9 : 0.0;
     }
     if (dst) {

@@ -88,6 +88,10 @@ TOVL_API tovl_status tovl_error(tovl_status status, const char *fmt, ...)
 #endif
     ;
 
+/* The median of `n` >= 1 samples, sorting `values` in place: what the
+ * benchmark members (time_kernel, copy_bandwidth) report, in every port. */
+TOVL_API double tovl_median(double *values, uint32_t n);
+
 /* A backend opener, one per backend compiled in, exported by each port as
  * `tovl_<name>_backend_factory`. When the backend cannot run on this machine,
  * open returns TOVL_ERR_BACKEND_UNAVAILABLE with a one-line reason as the error
