@@ -527,8 +527,8 @@ __device__ static inline uint32_t lmhead_columns(const tovl_lmhead_overlay_args 
 
 /* Small batches: block (t, y) is token t. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
-    __shared__ uint4 xs[X_CHUNK / 8]; /* the staged part of hidden[t] */
+__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args, uint4 (&xs)[X_CHUNK / 8]) {
+    /* xs: the staged part of hidden[t] (LDS) */
     const uint32_t t = blockIdx.x;
     const uint32_t columns = lmhead_columns(args);
     if (t >= args.T || blockIdx.y >= columns) {
@@ -777,9 +777,8 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 
  * groups can number: a block past ceil(T / TILE_ROWS) + min(max_loras, T),
  * a bound on them, leaves at once. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
-    __shared__ uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
-    __shared__ uint32_t rows_of[TILE_ROWS];
+__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args,
+                                    uint4 (&xs)[2][TILE_ROWS][TILE_X_CHUNK / 8], uint32_t (&rows_of)[TILE_ROWS]) {
     const uint32_t x = blockIdx.x;
     const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
     const uint32_t columns = lmhead_columns(args);
@@ -862,10 +861,10 @@ static_assert(SMALL_CHUNK % TOVL_DOT_LANES == 0 && SMALL_JOBS * BLOCK == (1 + SM
               "whole rounds, whole vector jobs");
 
 template <bool F32_LOGITS>
-__device__ static void lmhead_small(const tovl_lmhead_overlay_args &args) {
-    /* Row 0: hidden[t]'s chunk; row 1 + c: overlay row k0 + c's. */
-    __shared__ uint4 staged[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS];
-    __shared__ float lane_sums[SMALL_ROWS][TOVL_DOT_LANES];
+__device__ static void lmhead_small(const tovl_lmhead_overlay_args &args,
+                                    uint4 (&staged)[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS],
+                                    float (&lane_sums)[SMALL_ROWS][TOVL_DOT_LANES]) {
+    /* staged (LDS), row 0: hidden[t]'s chunk; row 1 + c: overlay row k0 + c's. */
     const uint32_t t = blockIdx.x;
     if (t >= args.T) {
         return; /* the whole block */
@@ -952,6 +951,20 @@ __device__ static void lmhead_small(const tovl_lmhead_overlay_args &args) {
     }
 }
 
+/* The LDS of an lm_head block: one path runs in a block, so the three share
+ * it (the sum of the three would leave CDNA one workgroup per CU). */
+union LmheadLds {
+    uint4 rows_xs[X_CHUNK / 8];
+    struct {
+        uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
+        uint32_t rows_of[TILE_ROWS];
+    } tiles;
+    struct {
+        uint4 staged[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS];
+        float lane_sums[SMALL_ROWS][TOVL_DOT_LANES];
+    } small;
+};
+
 /* The small-batch path while T x max_n <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS,
  * then tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on, a block per token
  * between. */
@@ -960,12 +973,13 @@ __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
     /* Each path waits before it reads anything but the set's tables (hidden
      * rows, row slots, logits may come from the kernel before). No early
      * trigger: the next launch goes as the blocks exit. */
+    __shared__ LmheadLds lds;
     if ((uint64_t)args.T * args.max_n <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS) {
-        lmhead_small<F32_LOGITS>(args);
+        lmhead_small<F32_LOGITS>(args, lds.small.staged, lds.small.lane_sums);
     } else if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
-        lmhead_tiles<F32_LOGITS>(args);
+        lmhead_tiles<F32_LOGITS>(args, lds.tiles.xs, lds.tiles.rows_of);
     } else {
-        lmhead_rows<F32_LOGITS>(args);
+        lmhead_rows<F32_LOGITS>(args, lds.rows_xs);
     }
 }
 
