@@ -66,9 +66,8 @@ Test(hip_emu, conformance_wave32_lmhead_tiles, .timeout = 900) {
 }
 
 /* Batches the conformance cases do not reach, at both widths: the
- * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 (the small-batch
- * path, most conformance cases take it too), 64 (a block per token and 8
- * overlay rows) and 512 (tiles of one slot's rows), slots past the first 32
+ * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 and 64 (a block
+ * per token) and 512 (tiles of one slot's rows), slots past the first 32
  * with odd h on either side of TOVL_HIP_LMHEAD_TILE_MIN_T, slots in two
  * windows of the tiles' slot count (300 slots), and one active slot. */
 static void batches_at(unsigned warp) {

@@ -1,7 +1,6 @@
 /* Launch geometry of the HIP backend (see hip_geometry.h and token_overlay_shape.h). */
 #include "hip_geometry.h"
 
-#include <stdbool.h>
 #include <string.h>
 
 #include "token_overlay_shape.h"
@@ -55,9 +54,7 @@ tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3]
         break;
     case TOVL_HIP_LMHEAD_BF16:
     case TOVL_HIP_LMHEAD_F32: {
-        const bool small = (uint64_t)logical[0] * logical[1] <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS;
-        const uint32_t columns =
-            ceil_div(logical[1], small ? TOVL_HIP_LMHEAD_SMALL_ROWS : TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
+        const uint32_t columns = ceil_div(logical[1], TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
         blocks[1] = columns < TOVL_HIP_MAX_GRID_YZ ? columns : TOVL_HIP_MAX_GRID_YZ;
         break;
     }

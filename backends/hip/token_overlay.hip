@@ -517,21 +517,12 @@ __device__ static inline void rows_chunk(float (&acc)[LANES], uint4 (&xs)[X_CHUN
     }
 }
 
-/* Blocks of the grid's y that take 8-row columns (the rest exit): the grid
- * may be wider when the host sized it for the small-batch path
- * (hip_on_cuda.h's fixed launch convention). */
-__device__ static inline uint32_t lmhead_columns(const tovl_lmhead_overlay_args &args) {
-    const uint32_t columns = (args.max_n + LMHEAD_ROWS - 1) / LMHEAD_ROWS;
-    return gridDim.y < columns ? gridDim.y : columns;
-}
-
 /* Small batches: block (t, y) is token t. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args, uint4 (&xs)[X_CHUNK / 8]) {
-    /* xs: the staged part of hidden[t] (LDS) */
+__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
+    __shared__ uint4 xs[X_CHUNK / 8]; /* the staged part of hidden[t] */
     const uint32_t t = blockIdx.x;
-    const uint32_t columns = lmhead_columns(args);
-    if (t >= args.T || blockIdx.y >= columns) {
+    if (t >= args.T) {
         return; /* the whole block */
     }
     /* With at most 32 slots, thread k of each row group fetches slot k's
@@ -563,7 +554,7 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args, uint4 (
     const uint32_t first = LANES * lane; /* this thread's first element of a round */
 
     /* Block-uniform: every thread reaches each barrier below. */
-    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += columns * LMHEAD_ROWS) {
+    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
         const uint32_t k = k0 + cell;
         const bool live = k < n;
         const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
@@ -777,12 +768,12 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 
  * groups can number: a block past ceil(T / TILE_ROWS) + min(max_loras, T),
  * a bound on them, leaves at once. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args,
-                                    uint4 (&xs)[2][TILE_ROWS][TILE_X_CHUNK / 8], uint32_t (&rows_of)[TILE_ROWS]) {
+__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
+    __shared__ uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
+    __shared__ uint32_t rows_of[TILE_ROWS];
     const uint32_t x = blockIdx.x;
     const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
-    const uint32_t columns = lmhead_columns(args);
-    if (x >= bound || blockIdx.y >= columns) {
+    if (x >= bound) {
         return; /* the whole block: no group can be this one */
     }
     TOVL_HIP_GRID_DEPENDENCY_WAIT();
@@ -799,7 +790,7 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args,
     const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
     const uint16_t *hidden = ptr<const uint16_t>(args.hidden);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += columns * LMHEAD_ROWS) {
+    for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
         const uint32_t k = k0 + cell;
         const bool live = k < n;
         const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
@@ -833,153 +824,16 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args,
     }
 }
 
-/* ---- Decode batches: a block per (token, SMALL_ROWS overlay rows). ---- */
-/*
- * While T x max_n <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS, block (t, y) computes
- * overlay rows k0 = SMALL_ROWS y .. k0 + SMALL_ROWS - 1 of token t's slot
- * with BLOCK / SMALL_ROWS threads per overlay row, so a few tokens still
- * spread over many blocks. Each chunk of SMALL_CHUNK elements of the hidden
- * row and of the block's overlay rows is loaded with 16-byte loads (all of a
- * thread's in flight at once: unconditional on whole aligned chunks) and
- * staged in LDS; thread q of an overlay row then holds the spec's lanes
- * SMALL_LANES q .. SMALL_LANES q + SMALL_LANES - 1, each summing over
- * increasing element index (elements past h skipped). The lane sums go
- * through LDS to one row group per overlay row, thread p taking lanes
- * 8p .. 8p + 7, and lmhead_tree runs the spec's tree as the other paths do.
- */
-#ifndef TOVL_HIP_LMHEAD_SMALL_CHUNK
-#define TOVL_HIP_LMHEAD_SMALL_CHUNK (4096 / TOVL_HIP_LMHEAD_SMALL_ROWS)
-#endif
-constexpr uint32_t SMALL_ROWS = TOVL_HIP_LMHEAD_SMALL_ROWS;
-constexpr uint32_t SMALL_CHUNK = TOVL_HIP_LMHEAD_SMALL_CHUNK;
-constexpr uint32_t SMALL_THREADS = BLOCK / SMALL_ROWS;                 /* threads per overlay row */
-constexpr uint32_t SMALL_LANES = TOVL_DOT_LANES / SMALL_THREADS;       /* dot lanes per thread */
-constexpr uint32_t SMALL_ROW_VECTORS = SMALL_CHUNK / 8;                /* 16-byte vectors of a row's chunk */
-constexpr uint32_t SMALL_JOBS = (1 + SMALL_ROWS) * SMALL_ROW_VECTORS / BLOCK; /* a thread's loads a chunk */
-static_assert(SMALL_LANES * SMALL_THREADS == TOVL_DOT_LANES && SMALL_ROWS * GROUP <= BLOCK, "lanes and tree groups");
-static_assert(SMALL_CHUNK % TOVL_DOT_LANES == 0 && SMALL_JOBS * BLOCK == (1 + SMALL_ROWS) * SMALL_ROW_VECTORS,
-              "whole rounds, whole vector jobs");
-
-template <bool F32_LOGITS>
-__device__ static void lmhead_small(const tovl_lmhead_overlay_args &args,
-                                    uint4 (&staged)[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS],
-                                    float (&lane_sums)[SMALL_ROWS][TOVL_DOT_LANES]) {
-    /* staged (LDS), row 0: hidden[t]'s chunk; row 1 + c: overlay row k0 + c's. */
-    const uint32_t t = blockIdx.x;
-    if (t >= args.T) {
-        return; /* the whole block */
-    }
-    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* the row slots and hidden rows may come from the kernel before */
-    const int32_t s = row_slot(args.row_slots, args.active_slot, t);
-    if (s < 0 || (uint32_t)s >= args.max_loras) {
-        return; /* uniform */
-    }
-    const LmheadSlotCells cells = lmhead_slot_cells(args, (uint32_t)s);
-    const uint32_t n = cells.n < args.max_n ? cells.n : args.max_n;
-    const uint32_t h = args.h;
-    const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * h;
-    const uint16_t *rows = ptr<const uint16_t>(cells.rows);
-    const uint32_t *ids = ptr<const uint32_t>(cells.ids);
-    const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    const uint32_t cell = threadIdx.x / SMALL_THREADS;
-    const uint32_t first = SMALL_LANES * (threadIdx.x % SMALL_THREADS); /* this thread's first lane */
-    const uint32_t tree_cell = threadIdx.x / GROUP, tree_lane = threadIdx.x % GROUP;
-    const uint16_t *staged16 = reinterpret_cast<const uint16_t *>(staged);
-
-    /* Block-uniform: every thread reaches each barrier below. */
-    for (uint32_t k0 = blockIdx.y * SMALL_ROWS; k0 < n; k0 += gridDim.y * SMALL_ROWS) {
-        const bool live = k0 + cell < n;
-        float acc[SMALL_LANES];
-        TOVL_HIP_UNROLL
-        for (uint32_t i = 0; i < SMALL_LANES; i++) {
-            acc[i] = 0.0f;
-        }
-        for (uint32_t c0 = 0; c0 < h; c0 += SMALL_CHUNK) {
-            const bool whole = vectors && c0 + SMALL_CHUNK <= h && k0 + SMALL_ROWS <= n; /* block-uniform */
-            uint4 v[SMALL_JOBS];
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < SMALL_JOBS; j++) {
-                const uint32_t job = threadIdx.x + j * BLOCK, r = job / SMALL_ROW_VECTORS;
-                const uint32_t e = c0 + 8 * (job % SMALL_ROW_VECTORS);
-                const uint16_t *src = r == 0 ? x : rows + (size_t)(k0 + r - 1) * h;
-                if (whole) {
-                    v[j] = load16(src + e);
-                } else if (r == 0 || k0 + r - 1 < n) {
-                    v[j] = load8_bf16(src, e, h, vectors);
-                } else {
-                    v[j] = uint4{0, 0, 0, 0};
-                }
-            }
-            __syncthreads(); /* the previous chunk is read */
-            TOVL_HIP_UNROLL
-            for (uint32_t j = 0; j < SMALL_JOBS; j++) {
-                staged[threadIdx.x + j * BLOCK] = v[j];
-            }
-            __syncthreads();
-            if (live) {
-                const uint32_t rounds = whole ? SMALL_CHUNK / TOVL_DOT_LANES : chunk_rounds(c0, SMALL_CHUNK, h);
-                const uint16_t *w = staged16 + (size_t)(1 + cell) * SMALL_CHUNK;
-                for (uint32_t r = 0; r < rounds; r++) {
-                    TOVL_HIP_UNROLL
-                    for (uint32_t i = 0; i < SMALL_LANES; i++) {
-                        const uint32_t at = r * TOVL_DOT_LANES + first + i; /* within the chunk */
-                        if (whole || c0 + at < h) {
-                            acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_to_f32(staged16[at]), bf16_to_f32(w[at])));
-                        }
-                    }
-                }
-            }
-        }
-        TOVL_HIP_UNROLL
-        for (uint32_t i = 0; i < SMALL_LANES; i++) {
-            lane_sums[cell][first + i] = acc[i];
-        }
-        __syncthreads(); /* the next chunk's first barrier orders these reads before the next writes */
-        float lanes[LANES];
-        TOVL_HIP_UNROLL
-        for (uint32_t i = 0; i < LANES; i++) {
-            lanes[i] = tree_cell < SMALL_ROWS ? lane_sums[tree_cell][LANES * tree_lane + i] : 0.0f;
-        }
-        const float value = lmhead_tree(lanes);
-        const uint32_t k = k0 + tree_cell;
-        if (tree_cell < SMALL_ROWS && tree_lane == 0 && k < n) {
-            const uint32_t id = ids[k];
-            if (id < args.vocab) {
-                store_logit<F32_LOGITS>(args, t, id, value);
-            }
-        }
-    }
-}
-
-/* The LDS of an lm_head block: one path runs in a block, so the three share
- * it (the sum of the three would leave CDNA one workgroup per CU). */
-union LmheadLds {
-    uint4 rows_xs[X_CHUNK / 8];
-    struct {
-        uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
-        uint32_t rows_of[TILE_ROWS];
-    } tiles;
-    struct {
-        uint4 staged[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS];
-        float lane_sums[SMALL_ROWS][TOVL_DOT_LANES];
-    } small;
-};
-
-/* The small-batch path while T x max_n <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS,
- * then tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on, a block per token
- * between. */
+/* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
     /* Each path waits before it reads anything but the set's tables (hidden
      * rows, row slots, logits may come from the kernel before). No early
      * trigger: the next launch goes as the blocks exit. */
-    __shared__ LmheadLds lds;
-    if ((uint64_t)args.T * args.max_n <= TOVL_HIP_LMHEAD_SMALL_MAX_CELLS) {
-        lmhead_small<F32_LOGITS>(args, lds.small.staged, lds.small.lane_sums);
-    } else if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
-        lmhead_tiles<F32_LOGITS>(args, lds.tiles.xs, lds.tiles.rows_of);
+    if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
+        lmhead_tiles<F32_LOGITS>(args);
     } else {
-        lmhead_rows<F32_LOGITS>(args, lds.rows_xs);
+        lmhead_rows<F32_LOGITS>(args);
     }
 }
 

@@ -31,18 +31,6 @@
  * launch are the same either way. On the H200 (HIP source, docs/HIP.md,
  * 8 slots x 64 rows) the rows took 8.1 / 14.9 us at T = 64 / 128 against
  * 18.7 / 19.6 for the tiles, the tiles 23.5 at T = 256. */
-/* lmhead_overlay_*: the small-batch path, a block per (token t,
- * TOVL_HIP_LMHEAD_SMALL_ROWS overlay rows), while T x max_n is at most
- * TOVL_HIP_LMHEAD_SMALL_MAX_CELLS: grid (T, ceil(max_n / SMALL_ROWS)), y
- * capped at 65535. The host (hip_geometry.c) and the kernel decide it from
- * the same two arguments. */
-#ifndef TOVL_HIP_LMHEAD_SMALL_ROWS
-#define TOVL_HIP_LMHEAD_SMALL_ROWS 1
-#endif
-#ifndef TOVL_HIP_LMHEAD_SMALL_MAX_CELLS
-#define TOVL_HIP_LMHEAD_SMALL_MAX_CELLS 1536
-#endif
-
 #ifndef TOVL_HIP_LMHEAD_TILE_MIN_T /* the kernel emulation also builds the kernels with 1: tiles always */
 #define TOVL_HIP_LMHEAD_TILE_MIN_T 256
 #endif
