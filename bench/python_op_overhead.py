@@ -88,7 +88,7 @@ def main() -> None:
             hidden = torch.randn(T, HIDDEN, device=device).to(torch.bfloat16)
             final = torch.randn(T, HIDDEN, device=device).to(torch.bfloat16)
             logits = torch.randn(T, VOCAB, device=device)
-            stream = None if device.type == "cpu" else tovl.ops._stream(s, device)
+            stream = tovl.ops._launch(s).stream()
             h = s.handle
             kp = be._kernels_p
             s.embed_hook(hidden.data_ptr(), ids.data_ptr(), T, HIDDEN, slots.data_ptr(), -1, stream)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import sys
 
 import numpy as np
@@ -30,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import tovl
+from torch_peer import time_op  # the peers' timing: BATCH calls in one CUDA graph, median replay
 
 VOCAB, HIDDEN, SLOTS, ROWS = 152064, 4096, 8, 64
 BATCH = 100  # op calls per captured graph
@@ -47,30 +47,6 @@ def pool(be: tovl.Backend, g: np.random.Generator) -> list[tovl.Overlay]:
         overlays.append(tovl.Overlay.from_rows(be, VOCAB, HIDDEN, ids, bf16_bits(g, (ROWS, HIDDEN)),
                                                ids, bf16_bits(g, (ROWS, HIDDEN))))
     return overlays
-
-
-def graph_us(fn: object, repeats: int) -> float:
-    """Median per-call time of BATCH calls of `fn` captured in one CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # type: ignore[operator]
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        for _ in range(BATCH):
-            fn()  # type: ignore[operator]
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / BATCH)
-    return statistics.median(samples)
 
 
 def rank_main(rank: int, world: int, port: int, tokens: list[int], repeats: int, seed: int,
@@ -109,11 +85,11 @@ def rank_main(rank: int, world: int, port: int, tokens: list[int], repeats: int,
                                         one.view(torch.int16 if name == "bf16" else torch.int32))
                     assert not torch.equal(one, torch.full_like(one, 7.0)), "no cell was overlaid"
                 part = logits[:, :width]
-                shard_us = graph_us(lambda: tovl.lmhead_overlay_(part, hidden, slots, shard), repeats)
+                shard_us = time_op(lambda: tovl.lmhead_overlay_(part, hidden, slots, shard), BATCH, repeats)[0]
                 full_us = float("nan")
                 if full is not None:
                     whole = torch.zeros((T, VOCAB), dtype=dtype, device=device)
-                    full_us = graph_us(lambda: tovl.lmhead_overlay_(whole, hidden, slots, full), repeats)
+                    full_us = time_op(lambda: tovl.lmhead_overlay_(whole, hidden, slots, full), BATCH, repeats)[0]
                 rows.append((T, name, shard_us, full_us, equal))
         results.put((rank, torch.cuda.get_device_name(device), (start, end), rows))
         dist.barrier()

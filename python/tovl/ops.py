@@ -93,11 +93,6 @@ def _launch(s: OverlaySet) -> _Launch:
         return launch
 
 
-def _set_device(s: OverlaySet) -> Optional[torch.device]:
-    """The torch device whose tensors `s` can patch (None: none, e.g. a Vulkan set)."""
-    return _launch(s).device
-
-
 def _bad_set(s: OverlaySet, device: torch.device, op: str) -> Exception:
     be = s.backend
     where = be.name if be.device_index is None else f"{be.name}:{be.device_index}"
@@ -177,7 +172,7 @@ def _check_embed(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
 def _name_embed_fault(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
                       slots: Optional[torch.Tensor]) -> int:
     device = hidden.device
-    if device != _set_device(s):
+    if device != _launch(s).device:
         raise _bad_set(s, device, _EMBED)
     T = _check_hidden(hidden, _EMBED, s, device)
     _check_vector(token_ids, "token_ids", _EMBED, T, device, _IDS_DTYPES)
@@ -205,7 +200,7 @@ def _name_lmhead_fault(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor
                        slots: Optional[torch.Tensor]) -> int:
     op = _LMHEAD
     device = logits.device
-    if device != _set_device(s):
+    if device != _launch(s).device:
         raise _bad_set(s, device, op)
     if logits.dtype not in _LOGITS_DTYPES:
         raise invalid(f"{op}: logits has dtype {logits.dtype}, expected torch.bfloat16 or torch.float32")
@@ -230,11 +225,6 @@ def _name_lmhead_fault(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor
 
 
 _LOGITS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
-
-
-def _stream(s: OverlaySet, device: torch.device) -> Optional[int]:
-    """The C hook's stream argument for `s` (`device` is the set's own: the checks saw to it)."""
-    return _launch(s).stream()
 
 
 def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
