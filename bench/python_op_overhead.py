@@ -5,10 +5,12 @@ For each op and device it times, side by side in one run:
   ctypes floor   a trivial C call through ctypes (tovl_token_overlay_set_any_active)
   C hook         tovl_embed_hook / tovl_lmhead_hook through ctypes, arguments prebuilt
   set method     OverlaySet.embed_hook / lmhead_hook (raw pointers)
+  torch no-op op an op of the same schema whose Python kernel does nothing: torch's dispatch floor
   torch op       torch.ops.tovl.embed_overlay_ / lmhead_overlay_ (checks, dispatch, pointers, stream)
   wrapper        tovl.embed_overlay_ / tovl.lmhead_overlay_ (slot and shape handling, then the op)
 and prints the median microseconds per call over repeated batches, and each line's
-overhead above the C hook. On CUDA tensors (when torch sees a GPU) the same batches
+overhead above the C hook: the median over batches of (its time - the C hook's), the
+variants taking turns within each batch. On CUDA tensors (when torch sees a GPU) the same batches
 end with a synchronize, and a third table times both inside a captured torch.cuda.graph
 (replay time / calls, CUDA events): there the op's Python cost is gone by construction.
 
@@ -34,6 +36,12 @@ from tovl._lib import lib
 
 VOCAB, HIDDEN, IDS, SLOTS = 32000, 512, 4, 8
 
+# torch's own floor for a Python kernel behind torch.ops: an op of the same schema that does nothing.
+_noop_lib = torch.library.Library("tovl_bench", "DEF")
+_noop_lib.define("noop_(Tensor(a!) out, Tensor rows, Tensor? slots, int active_slot, int set_handle) -> ()")
+for _key in ("CPU", "CUDA"):
+    _noop_lib.impl("noop_", lambda *args: None, _key)
+
 
 def build(device: torch.device, g: np.random.Generator) -> tuple[tovl.Backend, tovl.OverlaySet]:
     name = tovl.ops.backend_name_for(device)
@@ -49,19 +57,28 @@ def build(device: torch.device, g: np.random.Generator) -> tuple[tovl.Backend, t
     return be, s
 
 
-def per_call_us(fn: Callable[[], None], calls: int, repeats: int, sync: Callable[[], None],
-                clock: Callable[[], int] = time.perf_counter_ns) -> float:
-    for _ in range(max(calls // 10, 10)):
-        fn()
-    sync()
-    samples = []
-    for _ in range(repeats):
-        t0 = clock()
-        for _ in range(calls):
+def per_call_us(fns: dict[str, Callable[[], None]], calls: int, repeats: int, sync: Callable[[], None],
+                clock: Callable[[], int] = time.perf_counter_ns) -> dict[str, list[float]]:
+    """Microseconds per call of each function, one sample per repeat: the functions take turns
+    within every repeat, so a slow stretch of the host falls on all of them alike."""
+    for fn in fns.values():
+        for _ in range(max(calls // 10, 10)):
             fn()
-        sync()
-        samples.append((clock() - t0) / calls / 1000)
-    return statistics.median(samples)
+    sync()
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = clock()
+            for _ in range(calls):
+                fn()
+            sync()
+            samples[k].append((clock() - t0) / calls / 1000)
+    return samples
+
+
+def over(samples: dict[str, list[float]], k: str, base: str) -> float:
+    """The median over repeats of k's time minus base's in the same repeat."""
+    return statistics.median(a - b for a, b in zip(samples[k], samples[base]))
 
 
 def main() -> None:
@@ -104,17 +121,20 @@ def main() -> None:
                                          stream),
                     lambda: s.lmhead_hook(logits.data_ptr(), "f32", VOCAB, final.data_ptr(), T, HIDDEN,
                                           slots.data_ptr(), -1, stream)),
+                "torch no-op op": (lambda: torch.ops.tovl_bench.noop_(hidden, ids, slots, -1, h),
+                                   lambda: torch.ops.tovl_bench.noop_(logits, final, slots, -1, h)),
                 "torch op": (lambda: torch.ops.tovl.embed_overlay_(hidden, ids, slots, -1, h),
                              lambda: torch.ops.tovl.lmhead_overlay_(logits, final, slots, -1, h)),
                 "wrapper": (lambda: tovl.embed_overlay_(hidden, ids, slots, s),
                             lambda: tovl.lmhead_overlay_(logits, final, slots, s)),
             }
-            times = {k: [per_call_us(f, a.calls, a.repeats, sync, clock) for f in fns] for k, fns in rows.items()}
+            per_op = [per_call_us({k: fns[i] for k, fns in rows.items()}, a.calls, a.repeats, sync, clock)
+                      for i in range(2)]
             print(f"\n{device} ({be.device}), T = {T}, eager")
             print(f"  {'':14s} {'embed':>9s} {'over hook':>10s} {'lm_head':>9s} {'over hook':>10s}")
-            for k, (te, tl) in times.items():
-                he, hl = times["C hook"]
-                print(f"  {k:14s} {te:9.2f} {te - he:10.2f} {tl:9.2f} {tl - hl:10.2f}")
+            for k in rows:
+                cells = [f"{statistics.median(t[k]):9.2f} {over(t, k, 'C hook'):10.2f}" for t in per_op]
+                print(f"  {k:14s} {cells[0]} {cells[1]}")
             if device.type == "cuda":
                 graph_rows(device, s, kp, h, hidden, ids, slots, logits, final, eargs, largs, a.calls)
         s.close()

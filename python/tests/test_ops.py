@@ -4,6 +4,8 @@ backend choice on a ROCm build of PyTorch."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -217,6 +219,37 @@ def test_bad_arguments_name_the_argument_and_write_nothing(world: World) -> None
     assert not world.p_logits.isnan().all()  # type: ignore[attr-defined]
 
 
+def test_a_closed_set_is_refused_and_no_set_is_kept_alive() -> None:
+    """The ops keep per-set launch data by address: a call after the set is closed (or collected)
+    must fail naming the handle, write nothing, and the data must not keep the set alive."""
+    g = rng("test_a_closed_set_is_refused_and_no_set_is_kept_alive")
+    with tovl.Backend("cpu") as be:
+        rows = bf16_bits(g, (1, H))
+        ov = tovl.Overlay.from_rows(be, V, H, [5], rows)
+        s = tovl.OverlaySet(be, [ov], tied=True)
+        ov.close()
+        hb = bf16_bits(g, (2, H))
+        hidden, ids = bf16(hb), torch.tensor([5, 7], dtype=torch.int32)
+        handle = s.handle
+        torch.ops.tovl.embed_overlay_(hidden, ids, None, 0, handle)  # caches the set's launch data
+        assert np.array_equal(bits(hidden)[0], rows[0]) and np.array_equal(bits(hidden)[1], hb[1])
+        tovl.embed_overlay_(hidden, ids, 0, s)
+        set_ref = weakref.ref(s)
+        s.close()
+        hidden = bf16(hb)
+        with pytest.raises(tovl.InvalidInputError, match="not a live tovl.OverlaySet"):
+            torch.ops.tovl.embed_overlay_(hidden, ids, None, 0, handle)
+        with pytest.raises(tovl.InvalidInputError, match="not a live tovl.OverlaySet"):
+            torch.ops.tovl.lmhead_overlay_(torch.zeros(2, V), hidden, None, 0, handle)
+        with pytest.raises(tovl.InvalidInputError, match="closed"):
+            tovl.embed_overlay_(hidden, ids, 0, s)
+        assert np.array_equal(bits(hidden), hb)
+        del s
+        gc.collect()
+        assert set_ref() is None
+        assert handle not in ops._launches
+
+
 def test_set_built_for_another_backend_is_refused() -> None:
     g = rng("test_set_built_for_another_backend_is_refused")
     names = [b.name for b in tovl.backends() if b.available and b.name != "cpu"]
@@ -296,6 +329,7 @@ def test_stream_is_torchs_current_one(monkeypatch: Any) -> None:
         def __init__(self, name: str, index: int) -> None:
             self.backend = type("B", (), {"name": name, "device_index": index})()
             self.hidden, self.vocab, self.sharded, self.shard_width = 8, 16, False, 16
+            self._cell, self._hook_addrs, self._embed_args, self._lmhead_args = None, (0, 0, 0), None, None
 
     for raw, name, want in ((0, "cuda", 1), (0, "hip", 0), (0x7F00, "cuda", 0x7F00), (0x7F00, "hip", 0x7F00)):
         monkeypatch.setattr(torch.version, "hip", "6.2" if name == "hip" else None)

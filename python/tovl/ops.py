@@ -14,12 +14,14 @@ raises tovl.InvalidInputError naming the argument and writes nothing.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Optional, Union
 
 import torch
 
+from . import _lib as _clib
 from .core import OverlaySet, set_for_handle
-from .errors import invalid, shape
+from .errors import check, invalid, shape
 
 # CU_STREAM_LEGACY: torch's default stream (cuda_stream 0) is the legacy NULL
 # stream, while tovl reads a NULL stream as the backend's own stream.
@@ -53,34 +55,125 @@ def _raw_stream_reader() -> Optional[Callable[[int], int]]:
 
 class _Launch:
     """What the ops need per call about a set, looked up once: the torch device its tensors live on
-    (None: no torch device, e.g. a Vulkan set) and how to read that device's current stream."""
+    (None: no torch device, e.g. a Vulkan set), how to read that device's current stream, and the
+    set's hook arguments. A call is then the checks, the argument fields and one C call (the
+    eager overhead: docs/PERFORMANCE.md, Python op overhead). It holds no reference to the set,
+    only its address cell (0 once the set is freed) and a weak reference for error messages."""
 
-    __slots__ = ("device", "index", "legacy_null", "read_stream", "hidden", "min_width")
+    __slots__ = ("cell", "set_ref", "device", "index", "legacy_null", "read_stream", "hidden", "min_width",
+                 "kernels", "embed_args", "embed_addr", "lmhead_args", "lmhead_addr", "__weakref__")
 
     def __init__(self, s: OverlaySet) -> None:
         be = s.backend
+        self.cell = s._cell
+        self.set_ref = weakref.ref(s)
         self.hidden = s.hidden
         self.min_width = s.shard_width if s.sharded else s.vocab  # the logits columns the lm_head op needs
         self.device: Optional[torch.device] = None
         self.index = 0
         self.legacy_null = be.name == "cuda"
-        self.read_stream = _raw_stream_reader()
+        self.read_stream: Optional[Callable[[int], int]] = None
         if be.name == "cpu":
             self.device = torch.device("cpu")
         elif be.name in ("cuda", "hip") and backend_name_for("cuda") == be.name:
             self.index = be.device_index or 0
             self.device = torch.device("cuda", self.index)
+            self.read_stream = _raw_stream_reader() or _stream_object_reader
+        self.kernels, self.embed_addr, self.lmhead_addr = s._hook_addrs
+        self.embed_args, self.lmhead_args = s._embed_args, s._lmhead_args
 
     def stream(self) -> Optional[int]:
         """The stream argument of the C hook: None on the CPU; else torch's current stream of the
         device, its default (legacy NULL) stream passed as CU_STREAM_LEGACY to the CUDA backend."""
-        if self.device is None or self.device.type == "cpu":
-            return None
         read = self.read_stream
-        raw = read(self.index) if read is not None else torch.cuda.current_stream(self.device).cuda_stream
-        if raw == 0 and self.legacy_null:
-            return _CU_STREAM_LEGACY
-        return raw
+        if read is None:
+            return None
+        raw = read(self.index)
+        return _CU_STREAM_LEGACY if raw == 0 and self.legacy_null else raw
+
+    def overlay_set(self) -> OverlaySet:
+        """The live set (for the detailed checks' messages); raises if it is closed."""
+        s = self.set_ref()
+        if s is None or s.closed:
+            raise invalid("this overlay set is closed")
+        return s
+
+    def embed(self, hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
+              active_slot: int) -> None:
+        """Check the arguments (a fast pass; anything it refuses goes through _check_embed), then launch."""
+        handle = self.cell.value
+        device = self.device
+        if (handle and hidden.dtype is _BF16 and hidden.dim() == 2 and hidden.device == device
+                and hidden.is_contiguous()):
+            T, h = hidden.shape
+            dt = token_ids.dtype
+            ok = ((h == self.hidden or not self.hidden) and (dt is _I32 or dt is _I64) and token_ids.dim() == 1
+                  and token_ids.numel() == T and token_ids.is_contiguous() and token_ids.device == device
+                  and (slots is None or slots.dtype is _I32 and slots.dim() == 1 and slots.numel() == T
+                       and slots.is_contiguous() and slots.device == device))
+        else:
+            ok = False
+        if not ok:
+            T = _check_embed(self.overlay_set(), hidden, token_ids, slots)
+            h, dt = hidden.shape[1], token_ids.dtype
+        if T == 0:
+            return
+        if dt is _I64:
+            # The kernel reads u32 ids; clamping keeps an id beyond 2^31 from wrapping onto a real one.
+            token_ids = token_ids.clamp(-1, 2**31 - 1).to(_I32)
+        a = self.embed_args
+        a.hidden, a.token_ids, a.slots, a.active_slot, a.T, a.hidden_size = (
+            hidden.data_ptr(), token_ids.data_ptr(), 0 if slots is None else slots.data_ptr(), active_slot, T, h)
+        status = _clib.embed_hook_at(handle, self.kernels, self.embed_addr, self.stream())
+        if status:
+            check(status)
+
+    def lmhead(self, logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
+               active_slot: int) -> None:
+        """Check the arguments (a fast pass; anything it refuses goes through _check_lmhead), then launch."""
+        handle = self.cell.value
+        device = self.device
+        dt = logits.dtype
+        ok = False
+        if handle and (dt is _BF16 or dt is _F32) and logits.dim() == 2 and logits.device == device:
+            T, width = logits.shape
+            ld = logits.stride(0) if T > 1 else width
+            ok = (width >= self.min_width and (width <= 1 or logits.stride(1) == 1) and ld >= width
+                  and hidden.dtype is _BF16 and hidden.dim() == 2 and hidden.is_contiguous()
+                  and hidden.device == device)
+            if ok:
+                T2, h = hidden.shape
+                ok = (T2 == T and (h == self.hidden or not self.hidden)
+                      and (slots is None or slots.dtype is _I32 and slots.dim() == 1 and slots.numel() == T
+                           and slots.is_contiguous() and slots.device == device))
+        if not ok:
+            T = _check_lmhead(self.overlay_set(), logits, hidden, slots)
+            h = hidden.shape[1]
+            ld = logits.stride(0) if T > 1 else logits.shape[1]
+        if T == 0:
+            return
+        a = self.lmhead_args
+        a.logits, a.ld, a.hidden, a.slots, a.active_slot, a.T, a.hidden_size = (
+            logits.data_ptr(), ld, hidden.data_ptr(), 0 if slots is None else slots.data_ptr(), active_slot, T, h)
+        a.logits_dtype = _LOGITS_BF16 if dt is _BF16 else _LOGITS_F32
+        status = _clib.lmhead_hook_at(handle, self.kernels, self.lmhead_addr, self.stream())
+        if status:
+            check(status)
+
+
+def _stream_object_reader(index: int) -> int:
+    """The current raw stream through torch.cuda.current_stream, where torch lacks the raw reader."""
+    return int(torch.cuda.current_stream(torch.device("cuda", index)).cuda_stream)
+
+
+# Launch data by set address, for the ops (which take the address): a stale entry (its cell 0,
+# or another set's) is rebuilt from the live set.
+_launches: dict[int, _Launch] = {}
+
+
+def _forget(handle: int, launch: _Launch) -> None:
+    if _launches.get(handle) is launch:
+        del _launches[handle]
 
 
 def _launch(s: OverlaySet) -> _Launch:
@@ -90,7 +183,17 @@ def _launch(s: OverlaySet) -> _Launch:
     except AttributeError:
         launch = _Launch(s)
         s._launch = launch  # type: ignore[attr-defined]
+        h = s.handle
+        _launches[h] = launch
+        weakref.finalize(s, _forget, h, launch)
         return launch
+
+
+def _launch_for_handle(set_handle: int) -> _Launch:
+    launch = _launches.get(set_handle)
+    if launch is None or launch.cell.value != set_handle:
+        launch = _launch(set_for_handle(set_handle))
+    return launch
 
 
 def _bad_set(s: OverlaySet, device: torch.device, op: str) -> Exception:
@@ -135,42 +238,12 @@ def _check_hidden(t: torch.Tensor, op: str, s: OverlaySet, device: torch.device)
 
 _EMBED, _LMHEAD = "tovl.embed_overlay_", "tovl.lmhead_overlay_"
 _IDS_DTYPES, _SLOTS_DTYPES = (torch.int32, torch.int64), (torch.int32,)
-
-
 _BF16, _F32, _I32, _I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
-
-
-def _rows_ok(L: _Launch, t: torch.Tensor, device: torch.device) -> int:
-    """The row count of `t` if it is hidden rows the set can take ([T, hidden] bf16, contiguous, on
-    `device`), else -1. The fast path of the checks below: a failure is then named by them."""
-    if t.dtype is not _BF16 or t.dim() != 2 or not t.is_contiguous() or t.device != device:
-        return -1
-    T, h = t.shape
-    return -1 if L.hidden and h != L.hidden else T
-
-
-def _vector_ok(t: Optional[torch.Tensor], T: int, device: torch.device, ids: bool) -> bool:
-    """Whether `t` is None (slots only) or a contiguous [T] vector on `device` of the right dtype."""
-    if t is None:
-        return not ids
-    dt = t.dtype
-    return ((dt is _I32 or ids and dt is _I64) and t.dim() == 1 and t.shape[0] == T and t.is_contiguous()
-            and t.device == device)
 
 
 def _check_embed(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
                  slots: Optional[torch.Tensor]) -> int:
-    L = _launch(s)
-    device = L.device
-    if device is not None:
-        T = _rows_ok(L, hidden, device)
-        if T >= 0 and _vector_ok(token_ids, T, device, True) and _vector_ok(slots, T, device, False):
-            return T
-    return _name_embed_fault(s, hidden, token_ids, slots)
-
-
-def _name_embed_fault(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor,
-                      slots: Optional[torch.Tensor]) -> int:
+    """Every check of the embed op's arguments, in order: T, or the error naming the first bad one."""
     device = hidden.device
     if device != _launch(s).device:
         raise _bad_set(s, device, _EMBED)
@@ -183,21 +256,7 @@ def _name_embed_fault(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tens
 
 def _check_lmhead(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
                   slots: Optional[torch.Tensor]) -> int:
-    L = _launch(s)
-    device = L.device
-    if device is not None:
-        dt = logits.dtype
-        if (dt is _BF16 or dt is _F32) and logits.dim() == 2 and logits.device == device:
-            T, width = logits.shape
-            st = logits.stride()
-            if (width >= L.min_width and (width <= 1 or st[1] == 1) and (T <= 1 or st[0] >= width)
-                    and _rows_ok(L, hidden, device) == T and _vector_ok(slots, T, device, False)):
-                return T
-    return _name_lmhead_fault(s, logits, hidden, slots)
-
-
-def _name_lmhead_fault(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
-                       slots: Optional[torch.Tensor]) -> int:
+    """Every check of the lm_head op's arguments, in order: T, or the error naming the first bad one."""
     op = _LMHEAD
     device = logits.device
     if device != _launch(s).device:
@@ -225,38 +284,17 @@ def _name_lmhead_fault(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor
 
 
 _LOGITS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
-
-
-def _embed_run(s: OverlaySet, hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
-               active_slot: int) -> None:
-    T = _check_embed(s, hidden, token_ids, slots)
-    if T == 0:
-        return
-    if token_ids.dtype == torch.int64:
-        # The kernel reads u32 ids; clamping keeps an id beyond 2^31 from wrapping onto a real one.
-        token_ids = token_ids.clamp(-1, 2**31 - 1).to(torch.int32)
-    s.embed_hook(hidden.data_ptr(), token_ids.data_ptr(), T, hidden.shape[1],
-                 0 if slots is None else slots.data_ptr(), active_slot, _launch(s).stream())
-
-
-def _lmhead_run(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
-                active_slot: int) -> None:
-    T = _check_lmhead(s, logits, hidden, slots)
-    if T == 0:
-        return
-    s.lmhead_hook(logits.data_ptr(), _LOGITS_DTYPES[logits.dtype], logits.stride(0) if T > 1 else logits.shape[1],
-                  hidden.data_ptr(), T, hidden.shape[1], 0 if slots is None else slots.data_ptr(), active_slot,
-                  _launch(s).stream())
+_LOGITS_BF16, _LOGITS_F32 = _clib.LOGITS_BF16, _clib.LOGITS_F32
 
 
 def _embed_impl(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
                 active_slot: int, set_handle: int) -> None:
-    _embed_run(set_for_handle(set_handle), hidden, token_ids, slots, active_slot)
+    _launch_for_handle(set_handle).embed(hidden, token_ids, slots, active_slot)
 
 
 def _lmhead_impl(logits: torch.Tensor, hidden: torch.Tensor, slots: Optional[torch.Tensor],
                  active_slot: int, set_handle: int) -> None:
-    _lmhead_run(set_for_handle(set_handle), logits, hidden, slots, active_slot)
+    _launch_for_handle(set_handle).lmhead(logits, hidden, slots, active_slot)
 
 
 def _embed_fake(hidden: torch.Tensor, token_ids: torch.Tensor, slots: Optional[torch.Tensor],
@@ -317,7 +355,7 @@ def embed_overlay_(hidden: torch.Tensor, token_ids: torch.Tensor, slots_or_activ
     rows = hidden if hidden.dim() == 2 else _rows(hidden, "hidden")
     ids = token_ids if token_ids.dim() == 1 else token_ids.reshape(-1)
     if _eager(hidden):
-        _embed_run(overlay_set, rows, ids, slots, active)
+        _launch(overlay_set).embed(rows, ids, slots, active)
     else:
         torch.ops.tovl.embed_overlay_(rows, ids, slots, active, overlay_set.handle)
     return hidden
@@ -331,7 +369,7 @@ def lmhead_overlay_(logits: torch.Tensor, hidden: torch.Tensor, slots_or_active:
     rows = logits if logits.dim() == 2 else _rows(logits, "logits")
     final = hidden if hidden.dim() == 2 else _rows(hidden, "hidden")
     if _eager(logits):
-        _lmhead_run(overlay_set, rows, final, slots, active)
+        _launch(overlay_set).lmhead(rows, final, slots, active)
     else:
         torch.ops.tovl.lmhead_overlay_(rows, final, slots, active, overlay_set.handle)
     return logits
