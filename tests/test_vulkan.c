@@ -221,32 +221,7 @@ Test(vulkan, denormal_probe_expectation_is_the_reference) {
 
 Test(vulkan, timing_entry_points_answer) {
     tovl_backend *be = open_vulkan();
-    const tovl_backend_iface *iface = tovl_backend_get_iface(be);
-    void *ctx = tovl_backend_get_context(be);
-    cr_assert_not_null(iface->time_kernel);
-    cr_assert_not_null(iface->copy_bandwidth);
-    tovl_devptr buf = 0;
-    const uint32_t rows = 64, h = 256;
-    cr_assert_eq(tovl_alloc(be, 2u * rows * h * 2 + rows * 4, &buf), TOVL_OK);
-    cr_assert_eq(tovl_fill_u32(be, buf, 0x3F803F80u, 2u * rows * h * 2), TOVL_OK);
-    tovl_rowdiff_args a = {.a = buf, .b = buf + rows * h * 2, .flags = buf + 2u * rows * h * 2, .rows = rows, .h = h};
-    const uint32_t grid[3] = {rows, 1, 1};
-    tovl_kernel_timing t = {0};
-    cr_assert_eq(iface->time_kernel(ctx, tovl_try_kernel(be, TOVL_KERNEL_ROWDIFF), grid, &a, sizeof a, 5, 3, &t),
-                 TOVL_OK, "%s", tovl_last_error());
-    cr_expect_gt(t.batched_us, 0.0);
-    cr_expect_gt(t.single_us, 0.0);
-    cr_expect_eq(t.repeats, 3);
-    uint32_t flags[64];
-    cr_assert_eq(tovl_download(be, flags, a.flags, sizeof flags), TOVL_OK);
-    for (uint32_t i = 0; i < rows; i++) {
-        cr_expect_eq(flags[i], 0, "timed rowdiff wrote flag %u for identical rows", flags[i]);
-    }
-    double gbps = 0;
-    cr_assert_eq(iface->copy_bandwidth(ctx, 1u << 20, 3, &gbps), TOVL_OK, "%s", tovl_last_error());
-    cr_expect_gt(gbps, 0.0);
-    cr_expect_eq(iface->time_kernel(ctx, 0, grid, &a, sizeof a, 5, 3, &t), TOVL_ERR_LAUNCH);
-    tovl_free(be, buf);
+    tu_expect_timing_members(be, 1u << 20);
     tovl_backend_close(be);
 }
 

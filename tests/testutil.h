@@ -76,6 +76,11 @@ void tu_expect_error(tovl_status st, tovl_status want, const char *const *names,
 void tu_expect_cli_fails(const char *tool, const char *dir, const char *args, const char *const *names);
 #define TU_NAMES(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* The bench members of `be` (time_kernel, copy_bandwidth) answer: rowdiff over 64
+ * identical rows timed 5 x 3 (numbers > 0, three repeats, no row flagged), a copy
+ * of copy_bytes measured, and kernel handle 0 refused with TOVL_ERR_LAUNCH. */
+void tu_expect_timing_members(tovl_backend *be, size_t copy_bytes);
+
 /* Build an overlay from host data in one call (test shorthand). */
 tovl_status tu_build(tovl_backend *be, uint32_t vocab, uint32_t hidden, const uint32_t *eids, const uint16_t *erows,
                      uint32_t ne, bool has_lm, const uint32_t *lids, const uint16_t *lrows, uint32_t nl, bool tied,
