@@ -108,26 +108,18 @@ for log in "$out"/sanitizer-*.log; do
   [ -f "$log" ] || continue
   printf 'sanitizer:  %-30s %s\n' "$(basename "$log" .log)" "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")"
 done
-if [ -f "$out/bench.log" ]; then
-  echo "bench (tovl bench --backend cuda):"
-  sed -n '/^kernel /,$p' "$out/bench.log"
-fi
-if [ -f "$out/bench-pdl-off.log" ]; then
-  echo "bench with TOVL_CUDA_PDL=0 (plain launches), the hooks:"
-  sed -n '/^kernel /,$p' "$out/bench-pdl-off.log" | grep -E '^(kernel|embed|lmhead)'
-fi
-if [ -f "$out/torch-peer.log" ]; then
-  echo "against PyTorch:"
-  sed -n '/^tovl (/,$p' "$out/torch-peer.log"
-fi
-if [ -f "$out/bench-sizes.log" ]; then
-  echo "bench at T = $peer_sizes, the hooks:"
-  sed -n '/^kernel /,$p' "$out/bench-sizes.log" | grep -E '^(kernel|embed|lmhead)'
-fi
-if [ -f "$out/triton-peer.log" ]; then
-  echo "against the PR #55796 design (Triton):"
-  sed -n '/^lm_head, graph/,$p' "$out/triton-peer.log"
-fi
+# show LOG TITLE FROM [KEEP]: LOG from its first line matching FROM (a sed
+# pattern) under TITLE, only the lines matching KEEP (an ERE) when given.
+show() {
+  [ -f "$out/$1" ] || return 0
+  echo "$2"
+  sed -n "/$3/,\$p" "$out/$1" | grep -E "${4:-^}"
+}
+show bench.log "bench (tovl bench --backend cuda):" '^kernel '
+show bench-pdl-off.log "bench with TOVL_CUDA_PDL=0 (plain launches), the hooks:" '^kernel ' '^(kernel|embed|lmhead)'
+show torch-peer.log "against PyTorch:" '^tovl ('
+show bench-sizes.log "bench at T = $peer_sizes, the hooks:" '^kernel ' '^(kernel|embed|lmhead)'
+show triton-peer.log "against the PR #55796 design (Triton):" '^lm_head, graph'
 if [ -f "$out/lmhead_microbench.log" ]; then
   echo "lmhead_microbench:"
   grep -E '^(device|lmhead_overlay|embed_overlay|all bit-exact|FAIL|  )' "$out/lmhead_microbench.log" | head -40
