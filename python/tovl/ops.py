@@ -103,16 +103,15 @@ class _Launch:
         """Check the arguments (a fast pass; anything it refuses goes through _check_embed), then launch."""
         handle = self.cell.value
         device = self.device
-        if (handle and hidden.dtype is _BF16 and hidden.dim() == 2 and hidden.device == device
-                and hidden.is_contiguous()):
-            T, h = hidden.shape
+        size = hidden.shape
+        ok = False
+        if handle and hidden.dtype is _BF16 and len(size) == 2 and hidden.is_contiguous() and hidden.device == device:
+            T, h = size
             dt = token_ids.dtype
             ok = ((h == self.hidden or not self.hidden) and (dt is _I32 or dt is _I64) and token_ids.dim() == 1
                   and token_ids.numel() == T and token_ids.is_contiguous() and token_ids.device == device
                   and (slots is None or slots.dtype is _I32 and slots.dim() == 1 and slots.numel() == T
                        and slots.is_contiguous() and slots.device == device))
-        else:
-            ok = False
         if not ok:
             T = _check_embed(self.overlay_set(), hidden, token_ids, slots)
             h, dt = hidden.shape[1], token_ids.dtype
@@ -134,28 +133,29 @@ class _Launch:
         handle = self.cell.value
         device = self.device
         dt = logits.dtype
+        size = logits.shape
         ok = False
-        if handle and (dt is _BF16 or dt is _F32) and logits.dim() == 2 and logits.device == device:
-            T, width = logits.shape
-            ld = logits.stride(0) if T > 1 else width
-            ok = (width >= self.min_width and (width <= 1 or logits.stride(1) == 1) and ld >= width
-                  and hidden.dtype is _BF16 and hidden.dim() == 2 and hidden.is_contiguous()
-                  and hidden.device == device)
-            if ok:
-                T2, h = hidden.shape
-                ok = (T2 == T and (h == self.hidden or not self.hidden)
-                      and (slots is None or slots.dtype is _I32 and slots.dim() == 1 and slots.numel() == T
-                           and slots.is_contiguous() and slots.device == device))
+        if handle and (dt is _BF16 or dt is _F32) and len(size) == 2 and logits.device == device:
+            T, width = size
+            st = logits.stride()  # one call: stride(0) alone costs twice as much
+            ld = st[0] if T > 1 else width
+            hs = hidden.shape
+            ok = (width >= self.min_width and (width <= 1 or st[1] == 1) and ld >= width
+                  and hidden.dtype is _BF16 and len(hs) == 2 and hidden.is_contiguous() and hidden.device == device
+                  and hs[0] == T and (hs[1] == self.hidden or not self.hidden)
+                  and (slots is None or slots.dtype is _I32 and slots.dim() == 1 and slots.numel() == T
+                       and slots.is_contiguous() and slots.device == device))
         if not ok:
             T = _check_lmhead(self.overlay_set(), logits, hidden, slots)
-            h = hidden.shape[1]
-            ld = logits.stride(0) if T > 1 else logits.shape[1]
+            width = logits.shape[1]
+            ld = logits.stride(0) if T > 1 else width
+            hs = hidden.shape
         if T == 0:
             return
         a = self.lmhead_args
-        a.logits, a.ld, a.hidden, a.slots, a.active_slot, a.T, a.hidden_size = (
-            logits.data_ptr(), ld, hidden.data_ptr(), 0 if slots is None else slots.data_ptr(), active_slot, T, h)
-        a.logits_dtype = _LOGITS_BF16 if dt is _BF16 else _LOGITS_F32
+        a.logits, a.logits_dtype, a.ld, a.hidden, a.slots, a.active_slot, a.T, a.hidden_size = (
+            logits.data_ptr(), _LOGITS_BF16 if dt is _BF16 else _LOGITS_F32, ld, hidden.data_ptr(),
+            0 if slots is None else slots.data_ptr(), active_slot, T, hs[1])
         status = _clib.lmhead_hook_at(handle, self.kernels, self.lmhead_addr, self.stream())
         if status:
             check(status)
