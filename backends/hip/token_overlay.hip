@@ -597,7 +597,9 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args, uint4 (
  * (overlay) products: unpacking bf16 is an instruction per element. Compiled
  * for sm_90, a whole chunk's loop is 208 instructions for a thread's 64
  * multiply-adds with 4 x 2 cells, against 330 with 8 x 1 cells and a branch
- * per row (docs/HIP.md, Lm_head tiles).
+ * per row; on the H200 (HIP source, docs/HIP.md) 34.8 us at T = 512 against
+ * 41.5 for those and 37.3 for 8 x 1 cells without the branch; 2 x 4 cells
+ * (174 registers, one block per SM there) took 42.3.
  */
 constexpr uint32_t TILE_ROWS = 8; /* rows of one slot a block takes */
 #ifndef TOVL_HIP_LMHEAD_TILE_TN
@@ -612,8 +614,8 @@ static_assert(TILE_TM * TILE_TN * (BLOCK / GROUP) == TILE_ROWS * LMHEAD_ROWS, "e
 static_assert(TILE_OV_GROUPS % 2 == 0, "the two row groups of a wave64 share their tile rows");
 /* Elements of each row staged at a time, into one of two LDS buffers: the
  * next chunk's loads are in registers while this one is computed. One
- * 256-element round: on the H200 (HIP source, docs/HIP.md) 1024 took 58.3 us
- * at T = 512 (214 registers, one block per SM). */
+ * 256-element round: on the H200 (HIP source, docs/HIP.md) 512 took 48.9 us
+ * at T = 512 against 34.8 (170 registers, one block per SM there). */
 #ifndef TOVL_HIP_LMHEAD_TILE_X_CHUNK
 #define TOVL_HIP_LMHEAD_TILE_X_CHUNK 256
 #endif

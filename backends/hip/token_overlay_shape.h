@@ -36,8 +36,8 @@
  * (tiles: each overlay row read once per group rather than once per row);
  * below it, block x is token x. A choice on the device from the arguments
  * alone, so the grid is the same either way. On the H200 (HIP source,
- * docs/HIP.md, 8 slots x 64 rows) the rows took 8.1 / 14.9 us at T = 64 /
- * 128 against 18.7 / 19.6 for the tiles, the tiles 23.5 at T = 256. */
+ * docs/HIP.md, 8 slots x 64 rows) the rows took 8.15 / 14.9 us at T = 64 /
+ * 128 against 15.2 / 16.1 for the tiles, the tiles 24.7 at T = 256. */
 #ifndef TOVL_HIP_LMHEAD_TILE_MIN_T /* the kernel emulation also builds the kernels with 1: tiles always */
 #define TOVL_HIP_LMHEAD_TILE_MIN_T 256
 #endif
@@ -47,13 +47,14 @@
  * ceil(max_n / SMALL_ROWS)), which the host gives while T is at most
  * TOVL_HIP_LMHEAD_SMALL_MAX_T (hip_geometry.c; hip_on_cuda.h's
  * lmhead_overlay_*_launch_small); the kernel tells the grids apart by their
- * height. On the H200 (HIP source, docs/HIP.md) it took 2.44 us at T = 1
- * against 2.76 for a block per token, 5.03 at T = 8 against 3.01. */
+ * height. On the H200 (HIP source, 8 slots x 64 rows, docs/HIP.md) it took
+ * 2.42 / 2.58 / 3.03 us at T = 1 / 2 / 4 against 2.75 / 2.92 / 3.09 for a
+ * block per token, and 4.95 at T = 8 against 2.97. */
 #ifndef TOVL_HIP_LMHEAD_SMALL_ROWS
 #define TOVL_HIP_LMHEAD_SMALL_ROWS 1
 #endif
 #ifndef TOVL_HIP_LMHEAD_SMALL_MAX_T
-#define TOVL_HIP_LMHEAD_SMALL_MAX_T 1
+#define TOVL_HIP_LMHEAD_SMALL_MAX_T 4
 #endif
 
 #endif
