@@ -1037,10 +1037,21 @@ __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
 
 } // namespace tovl_hip
 
-TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
+/* On AMD, at least two waves per SIMD for lm_head: gfx908's code object
+ * otherwise took 143 VGPRs, one wave (127 with it, no VGPR spilled). nvcc and
+ * the kernel emulation have no such attribute. */
+#if !defined(TOVL_HIP_ON_CUDA) && !defined(TOVL_HIP_EMU)
+#define TOVL_HIP_LMHEAD_OCCUPANCY __attribute__((amdgpu_waves_per_eu(2)))
+#else
+#define TOVL_HIP_LMHEAD_OCCUPANCY
+#endif
+
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) TOVL_HIP_LMHEAD_OCCUPANCY
+lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
     tovl_hip::lmhead_overlay<false>(args);
 }
 
-TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) TOVL_HIP_LMHEAD_OCCUPANCY
+lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
     tovl_hip::lmhead_overlay<true>(args);
 }
