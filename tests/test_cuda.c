@@ -209,23 +209,47 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
 
 Test(cuda_geometry, another_ports_convention) {
     tovl_cuda_launch l;
-    const tovl_cuda_foreign_shape plain = TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
+    const tovl_cuda_foreign_shapes plain = {TOVL_CUDA_FOREIGN_DEFAULT_SHAPE, TOVL_CUDA_FOREIGN_DEFAULT_SHAPE, 0};
     cr_assert_eq(tovl_cuda_foreign_launch(&plain, (uint32_t[3]){37, 17, 1}, &l), TOVL_OK);
     cr_expect_eq(l.grid[0], 37);
     cr_expect_eq(l.grid[1], 17);
     cr_expect_eq(l.block[0], 256);
     const tovl_cuda_foreign_shape eight_rows = {256, 1, 1, 8};
-    cr_assert_eq(tovl_cuda_foreign_shape_check("lmhead_overlay_f32", &eight_rows), TOVL_OK);
-    cr_assert_eq(tovl_cuda_foreign_launch(&eight_rows, (uint32_t[3]){37, 17, 1}, &l), TOVL_OK);
+    const tovl_cuda_foreign_shapes eight = {eight_rows, eight_rows, 0};
+    cr_assert_eq(tovl_cuda_foreign_shape_check("lmhead_overlay_f32_launch", &eight_rows), TOVL_OK);
+    cr_assert_eq(tovl_cuda_foreign_launch(&eight, (uint32_t[3]){37, 17, 1}, &l), TOVL_OK);
     cr_expect_eq(l.grid[0], 37);
     cr_expect_eq(l.grid[1], 3, "ceil(17 / 8)");
     const tovl_cuda_foreign_shape too_big = {512, 4, 1, 1}, empty = {0, 1, 1, 1}, no_items = {64, 1, 0, 1};
-    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &too_big), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff_launch", &too_big), TOVL_ERR_INVALID_ARGUMENT);
     cr_expect_not_null(strstr(tovl_last_error(), "rowdiff_launch"), "%s", tovl_last_error());
-    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &empty), TOVL_ERR_INVALID_ARGUMENT);
-    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff", &no_items), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff_launch", &empty), TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_eq(tovl_cuda_foreign_shape_check("rowdiff_launch", &no_items), TOVL_ERR_INVALID_ARGUMENT);
     cr_expect_eq(tovl_cuda_foreign_launch(&plain, (uint32_t[3]){5, 70000, 1}, &l), TOVL_ERR_UNSUPPORTED,
                  "grid.y beyond 65535");
+}
+
+/* K_launch_small: the small shape for logical grids up to its max_x points
+ * in x, the other beyond (the HIP port's lm_head small-batch grid). */
+Test(cuda_geometry, another_ports_small_batch_shape) {
+    tovl_cuda_launch l;
+    const tovl_cuda_foreign_shapes hip = {{256, 1, 1, 8}, {128, 2, 1, 1}, 2};
+    cr_assert_eq(tovl_cuda_foreign_launch(&hip, (uint32_t[3]){1, 64, 1}, &l), TOVL_OK);
+    cr_expect(l.grid[0] == 1 && l.grid[1] == 64 && l.block[0] == 128 && l.block[1] == 2, "T = 1: small, %u x %u",
+              l.grid[0], l.grid[1]);
+    cr_assert_eq(tovl_cuda_foreign_launch(&hip, (uint32_t[3]){2, 17, 1}, &l), TOVL_OK);
+    cr_expect(l.grid[0] == 2 && l.grid[1] == 17 && l.block[0] == 128, "T = 2 = max_x: small");
+    cr_assert_eq(tovl_cuda_foreign_launch(&hip, (uint32_t[3]){3, 17, 1}, &l), TOVL_OK);
+    cr_expect(l.grid[0] == 3 && l.grid[1] == 3 && l.block[0] == 256 && l.block[1] == 1, "T = 3: the other shape");
+    cr_assert_eq(tovl_cuda_foreign_launch(&hip, (uint32_t[3]){0, 17, 1}, &l), TOVL_OK);
+    cr_expect_eq(l.grid[0], 0, "nothing to launch");
+    const tovl_cuda_foreign_shapes none = {{256, 1, 1, 8}, {0, 0, 0, 0}, 0};
+    cr_assert_eq(tovl_cuda_foreign_launch(&none, (uint32_t[3]){1, 17, 1}, &l), TOVL_OK);
+    cr_expect(l.grid[1] == 3 && l.block[0] == 256, "max_x 0: never the small shape");
+    const tovl_cuda_foreign_shape no_threads = {0, 1, 1, 1};
+    cr_expect_eq(tovl_cuda_foreign_shape_check("lmhead_overlay_bf16_launch_small", &no_threads),
+                 TOVL_ERR_INVALID_ARGUMENT);
+    cr_expect_not_null(strstr(tovl_last_error(), "lmhead_overlay_bf16_launch_small"), "%s", tovl_last_error());
 }
 
 /* ------------------------------------------------------------------------ */

@@ -20,18 +20,19 @@
 #include "test_cuda_common.h"
 #include "testutil.h"
 
-static tovl_backend *open_emu(unsigned warp, bool tiles, const char *salt) {
+static tovl_backend *open_emu(unsigned warp, tovl_hip_emu_lmhead lmhead, const char *salt) {
     tu_rng r = tu_rng_for(salt);
     tovl_backend *be = NULL;
-    cr_assert_eq(tovl_hip_emu_backend_open(warp, tiles, tu_next(&r), &be), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_hip_emu_backend_open(warp, lmhead, tu_next(&r), &be), TOVL_OK, "%s", tovl_last_error());
     return be;
 }
 
-/* The suite as the kernels run it (a block per token below
+/* The suite as the backend runs it (the small-batch path up to
+ * TOVL_HIP_LMHEAD_SMALL_MAX_T rows, a block per token below
  * TOVL_HIP_LMHEAD_TILE_MIN_T rows, tiles from there), or with lm_head's
- * tiles at every T. */
-static void conform_at(unsigned warp, bool tiles, const char *salt) {
-    tovl_backend *ref = NULL, *emu = open_emu(warp, tiles, salt);
+ * tiles, or its small-batch path, at every T. */
+static void conform_at(unsigned warp, tovl_hip_emu_lmhead lmhead, const char *salt) {
+    tovl_backend *ref = NULL, *emu = open_emu(warp, lmhead, salt);
     cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
     cr_assert_str_eq(tovl_backend_property(emu, "subgroup_size"), warp == 64 ? "64" : "32");
     tu_rng r = tu_rng_for(salt);
@@ -50,28 +51,37 @@ static void conform_at(unsigned warp, bool tiles, const char *salt) {
 }
 
 Test(hip_emu, conformance_wave64, .timeout = 900) {
-    conform_at(64, false, "hip_emu_wave64");
+    conform_at(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_wave64");
 }
 
 Test(hip_emu, conformance_wave32, .timeout = 900) {
-    conform_at(32, false, "hip_emu_wave32");
+    conform_at(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_wave32");
 }
 
 Test(hip_emu, conformance_wave64_lmhead_tiles, .timeout = 900) {
-    conform_at(64, true, "hip_emu_wave64_tiles");
+    conform_at(64, TOVL_HIP_EMU_LMHEAD_TILES, "hip_emu_wave64_tiles");
+}
+
+Test(hip_emu, conformance_wave64_lmhead_small, .timeout = 900) {
+    conform_at(64, TOVL_HIP_EMU_LMHEAD_SMALL, "hip_emu_wave64_small");
 }
 
 Test(hip_emu, conformance_wave32_lmhead_tiles, .timeout = 900) {
-    conform_at(32, true, "hip_emu_wave32_tiles");
+    conform_at(32, TOVL_HIP_EMU_LMHEAD_TILES, "hip_emu_wave32_tiles");
+}
+
+Test(hip_emu, conformance_wave32_lmhead_small, .timeout = 900) {
+    conform_at(32, TOVL_HIP_EMU_LMHEAD_SMALL, "hip_emu_wave32_small");
 }
 
 /* Batches the conformance cases do not reach, at both widths: the
- * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 8 and 64 (a block
- * per token) and 512 (tiles of one slot's rows), slots past the first 32
+ * benchmark's shape (h = 4096, 8 slots x 64 rows) at T = 1 (the small-batch
+ * path), 8 and 64 (a block per token and 8 overlay rows) and 512 (tiles of one slot's rows), slots past the first 32
  * with odd h on either side of TOVL_HIP_LMHEAD_TILE_MIN_T, slots in two
  * windows of the tiles' slot count (300 slots), and one active slot. */
 static void batches_at(unsigned warp) {
     static const cuda_scenario scenarios[] = {
+        {"hip_bench_t1", 1, 4096, 5000, 8, 8, 0, 1, 64, false, false},
         {"hip_bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false},
         {"hip_bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false},
         {"hip_bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false},
@@ -81,7 +91,7 @@ static void batches_at(unsigned warp) {
         {"hip_active_slot", 300, 1000, 2000, 4, 1, 2, 1, 9, true, false},
     };
     for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
-        tovl_backend *emu = open_emu(warp, false, scenarios[i].name);
+        tovl_backend *emu = open_emu(warp, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, scenarios[i].name);
         tu_rng r = tu_rng_for(scenarios[i].name);
         cuda_run_against_cpu(emu, &scenarios[i], tu_next(&r));
         tovl_backend_close(emu);
@@ -101,7 +111,7 @@ Test(hip_emu, batches_wave32, .timeout = 900) {
  * does not model. */
 Test(hip_emu, refuses_other_widths) {
     tovl_backend *be = NULL;
-    cr_assert_eq(tovl_hip_emu_backend_open(16, false, 1, &be), TOVL_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(tovl_hip_emu_backend_open(16, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, 1, &be), TOVL_ERR_INVALID_ARGUMENT);
     cr_assert_null(be);
     cr_assert(strstr(tovl_last_error(), "16") != NULL, "%s", tovl_last_error());
     const uint32_t grid[3] = {1, 1, 1}, block[3] = {256, 1, 1};

@@ -34,7 +34,7 @@ extern const size_t tovl_cuda_fatbin_size;
 typedef struct cuda_kernel {
     CUfunction fn[TOVL_CUDA_VARIANT_COUNT]; /* [PLAIN] NULL: the module lacks this kernel;
                                                the others: this port's launch variants */
-    tovl_cuda_foreign_shape shape; /* another port's module: its launch convention */
+    tovl_cuda_foreign_shapes shapes; /* another port's module: its launch convention */
 } cuda_kernel;
 
 typedef struct cuda_ctx {
@@ -190,7 +190,7 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     }
     tovl_cuda_launch dims;
     st = c->native ? tovl_cuda_native_launch(k, grid, args, &c->shape, &dims)
-                   : tovl_cuda_foreign_launch(&c->kernels[k].shape, grid, &dims);
+                   : tovl_cuda_foreign_launch(&c->kernels[k].shapes, grid, &dims);
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }
@@ -579,13 +579,20 @@ static tovl_status resolve_kernels(cuda_ctx *c) {
             }
         }
         if (st == TOVL_OK && kernel->fn[TOVL_CUDA_VARIANT_PLAIN] && !c->native) {
-            char global[64];
-            uint32_t shape[4];
+            char global[64], small_global[64];
+            uint32_t shape[4], small[5];
             snprintf(global, sizeof global, "%s_launch", name);
+            snprintf(small_global, sizeof small_global, "%s_launch_small", name);
             st = copy_global(c, global, shape, sizeof shape, false, &found);
-            kernel->shape = found ? (tovl_cuda_foreign_shape){shape[0], shape[1], shape[2], shape[3]}
-                                  : TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
-            if (st == TOVL_OK) st = tovl_cuda_foreign_shape_check(name, &kernel->shape);
+            kernel->shapes.shape = found ? (tovl_cuda_foreign_shape){shape[0], shape[1], shape[2], shape[3]}
+                                         : TOVL_CUDA_FOREIGN_DEFAULT_SHAPE;
+            if (st == TOVL_OK) st = tovl_cuda_foreign_shape_check(global, &kernel->shapes.shape);
+            if (st == TOVL_OK) st = copy_global(c, small_global, small, sizeof small, false, &found);
+            if (st == TOVL_OK && found) {
+                kernel->shapes.small = (tovl_cuda_foreign_shape){small[1], small[2], small[3], small[4]};
+                kernel->shapes.small_max_x = small[0];
+                st = tovl_cuda_foreign_shape_check(small_global, &kernel->shapes.small);
+            }
         }
         if (st != TOVL_OK) {
             return st;

@@ -161,19 +161,21 @@ tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t l
     }
 }
 
-tovl_status tovl_cuda_foreign_shape_check(const char *kernel, const tovl_cuda_foreign_shape *s) {
+tovl_status tovl_cuda_foreign_shape_check(const char *global, const tovl_cuda_foreign_shape *s) {
     if (s->block_x == 0 || s->block_y == 0 || (uint64_t)s->block_x * s->block_y > BLOCK_THREADS_MAX ||
         s->items_x == 0 || s->items_y == 0) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
-                          "cuda: %s_launch = {%u, %u, %u, %u}: blocks must have 1..%u threads and items be >= 1",
-                          kernel, s->block_x, s->block_y, s->items_x, s->items_y, BLOCK_THREADS_MAX);
+                          "cuda: %s = {%u, %u, %u, %u}: blocks must have 1..%u threads and items be >= 1",
+                          global, s->block_x, s->block_y, s->items_x, s->items_y, BLOCK_THREADS_MAX);
     }
     return TOVL_OK;
 }
 
-tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shape *shape, const uint32_t logical[3],
+tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shapes *shapes, const uint32_t logical[3],
                                      tovl_cuda_launch *out) {
     memset(out, 0, sizeof *out);
+    const bool small = shapes->small_max_x > 0 && logical[0] <= shapes->small_max_x;
+    const tovl_cuda_foreign_shape *shape = small ? &shapes->small : &shapes->shape;
     const uint32_t gx = ceil_div(logical[0], shape->items_x), gy = ceil_div(logical[1], shape->items_y);
     if (gx > GRID_X_MAX || gy > GRID_YZ_MAX || logical[2] > GRID_YZ_MAX) {
         return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: grid %u x %u x %u exceeds the device's limits", gx, gy,

@@ -80,9 +80,16 @@ typedef struct tovl_cuda_foreign_shape {
 
 #define TOVL_CUDA_FOREIGN_DEFAULT_SHAPE ((tovl_cuda_foreign_shape){256, 1, 1, 1})
 
-/* Checks a shape read from a module; names the kernel when it is unusable. */
-tovl_status tovl_cuda_foreign_shape_check(const char *kernel, const tovl_cuda_foreign_shape *shape);
-tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shape *shape, const uint32_t logical[3],
+/* A kernel's convention: `shape`, or `small` for logical grids of at most
+ * small_max_x points in x (K_launch_small; small_max_x 0: never). */
+typedef struct tovl_cuda_foreign_shapes {
+    tovl_cuda_foreign_shape shape, small;
+    uint32_t small_max_x;
+} tovl_cuda_foreign_shapes;
+
+/* Checks a shape read from a module; names the global (`global`) when it is unusable. */
+tovl_status tovl_cuda_foreign_shape_check(const char *global, const tovl_cuda_foreign_shape *shape);
+tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shapes *shapes, const uint32_t logical[3],
                                      tovl_cuda_launch *out);
 
 #endif /* TOVL_CUDA_GEOMETRY_H */

@@ -1,12 +1,14 @@
 /* Launch geometry of the HIP backend (see hip_geometry.h and token_overlay_shape.h). */
 #include "hip_geometry.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "token_overlay_shape.h"
 #include "tovl/backend.h"
 #include "tovl/kernel_args.h"
 
+_Static_assert(TOVL_HIP_LMHEAD_MAX_COLUMNS == TOVL_HIP_MAX_GRID_YZ, "the kernel's idea of the y cap");
 _Static_assert(TOVL_HIP_MAX_GRID_X == 0xFFFFFFFFu / TOVL_HIP_BLOCK_THREADS, "grid limit for the block size");
 
 const char *const tovl_hip_kernel_names[TOVL_HIP_KERNEL_COUNT] = {
@@ -45,6 +47,11 @@ static uint32_t ceil_div(uint32_t a, uint32_t b) {
 }
 
 tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3], uint32_t blocks[3]) {
+    return tovl_hip_blocks_small_to(kernel, logical, TOVL_HIP_LMHEAD_SMALL_MAX_T, blocks);
+}
+
+tovl_status tovl_hip_blocks_small_to(tovl_hip_kernel_id kernel, const uint32_t logical[3], uint32_t small_max_t,
+                                     uint32_t blocks[3]) {
     blocks[0] = logical[0];
     blocks[1] = logical[1];
     blocks[2] = logical[2];
@@ -54,7 +61,9 @@ tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3]
         break;
     case TOVL_HIP_LMHEAD_BF16:
     case TOVL_HIP_LMHEAD_F32: {
-        const uint32_t columns = ceil_div(logical[1], TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
+        const bool small = logical[0] <= small_max_t; /* the kernel tells the grids apart by their height */
+        const uint32_t columns =
+            ceil_div(logical[1], small ? TOVL_HIP_LMHEAD_SMALL_ROWS : TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
         blocks[1] = columns < TOVL_HIP_MAX_GRID_YZ ? columns : TOVL_HIP_MAX_GRID_YZ;
         break;
     }

@@ -73,9 +73,11 @@ extern "C" __device__ const unsigned int tovl_cuda_dependent_launch = 1;
 
 /* How tovl_cuda_backend_open_image launches this port (the convention of
  * include/tovl/tovl_cuda.h): {block_x, block_y, logical points x, y per
- * block}. As hip_geometry.c does: 256 threads; rowdiff 8 rows per block,
- * embed one token per block, lm_head one token and 8 overlay rows (logical
- * y) per block. */
+ * block}, and for lm_head's small-batch grid {up to this logical x (T),
+ * block_x, block_y, points x, y per block}. As hip_geometry.c does: 256
+ * threads; rowdiff 8 rows per block, embed one token per block, lm_head one
+ * token and 8 overlay rows (logical y) per block, or for T <=
+ * TOVL_HIP_LMHEAD_SMALL_MAX_T one token and TOVL_HIP_LMHEAD_SMALL_ROWS. */
 extern "C" __device__ const unsigned int rowdiff_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1,
                                                               TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK, 1};
 extern "C" __device__ const unsigned int embed_overlay_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1, 1};
@@ -83,5 +85,9 @@ extern "C" __device__ const unsigned int lmhead_overlay_bf16_launch[4] = {TOVL_H
                                                                           TOVL_HIP_LMHEAD_ROWS_PER_BLOCK};
 extern "C" __device__ const unsigned int lmhead_overlay_f32_launch[4] = {TOVL_HIP_BLOCK_THREADS, 1, 1,
                                                                          TOVL_HIP_LMHEAD_ROWS_PER_BLOCK};
+extern "C" __device__ const unsigned int lmhead_overlay_bf16_launch_small[5] = {
+    TOVL_HIP_LMHEAD_SMALL_MAX_T, TOVL_HIP_BLOCK_THREADS, 1, 1, TOVL_HIP_LMHEAD_SMALL_ROWS};
+extern "C" __device__ const unsigned int lmhead_overlay_f32_launch_small[5] = {
+    TOVL_HIP_LMHEAD_SMALL_MAX_T, TOVL_HIP_BLOCK_THREADS, 1, 1, TOVL_HIP_LMHEAD_SMALL_ROWS};
 
 #endif

@@ -484,6 +484,30 @@ __device__ static inline LmheadSlotCells group_lmhead_cells(const LmheadSlotCell
     return LmheadSlotCells{group_u64(c.rows, from), group_u64(c.ids, from), __shfl(c.n, (int)from, GROUP)};
 }
 
+/* Row t's slot's table cells, in every thread; false (in every thread) when
+ * t has no valid slot. Waits for the kernel before (the row slots may come
+ * from it). With at most 32 slots, thread k of each row group fetches slot
+ * k's cells before the wait (the set's own: no kernel writes them) and the
+ * group takes its slot's by shuffles: one round trip fewer. Every thread of
+ * the wavefront calls it. */
+__device__ static inline bool lmhead_token_cells(const tovl_lmhead_overlay_args &args, uint32_t t,
+                                                 LmheadSlotCells &cells) {
+    const uint32_t group_lane = threadIdx.x % GROUP;
+    const bool by_shuffle = args.max_loras <= GROUP;
+    LmheadSlotCells lane_cells = {0, 0, 0};
+    if (by_shuffle && group_lane < args.max_loras) {
+        lane_cells = lmhead_slot_cells(args, group_lane);
+    }
+    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* the row slots and hidden rows may come from the kernel before */
+    const int32_t s = row_slot(args.row_slots, args.active_slot, t);
+    const bool valid = s >= 0 && (uint32_t)s < args.max_loras;
+    cells = group_lmhead_cells(lane_cells, valid ? (uint32_t)s % GROUP : 0u);
+    if (valid && !by_shuffle) {
+        cells = lmhead_slot_cells(args, (uint32_t)s);
+    }
+    return valid;
+}
+
 /* Elements c0 .. c0 + X_CHUNK of a row path's dot: the first overlay-row
  * vectors requested, the hidden row staged in LDS, then the rounds. WHOLE:
  * the rows 16-byte aligned and the chunk within h. Every thread calls it. */
@@ -519,30 +543,15 @@ __device__ static inline void rows_chunk(float (&acc)[LANES], uint4 (&xs)[X_CHUN
 
 /* Small batches: block (t, y) is token t. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
-    __shared__ uint4 xs[X_CHUNK / 8]; /* the staged part of hidden[t] */
+__device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args, uint4 (&xs)[X_CHUNK / 8]) {
+    /* xs: the staged part of hidden[t] (LDS) */
     const uint32_t t = blockIdx.x;
     if (t >= args.T) {
         return; /* the whole block */
     }
-    /* With at most 32 slots, thread k of each row group fetches slot k's
-     * table cells before the wait (the set's own: no kernel writes them) and
-     * the group takes its slot's by shuffles: one round trip fewer. */
-    const uint32_t group_lane = threadIdx.x % GROUP;
-    const bool by_shuffle = args.max_loras <= GROUP;
-    LmheadSlotCells lane_cells = {0, 0, 0};
-    if (by_shuffle && group_lane < args.max_loras) {
-        lane_cells = lmhead_slot_cells(args, group_lane);
-    }
-    TOVL_HIP_GRID_DEPENDENCY_WAIT(); /* the row slots and hidden rows may come from the kernel before */
-    const int32_t s = row_slot(args.row_slots, args.active_slot, t);
-    const bool valid = s >= 0 && (uint32_t)s < args.max_loras;
-    LmheadSlotCells cells = group_lmhead_cells(lane_cells, valid ? (uint32_t)s % GROUP : 0u);
-    if (!valid) {
-        return;
-    }
-    if (!by_shuffle) {
-        cells = lmhead_slot_cells(args, (uint32_t)s);
+    LmheadSlotCells cells;
+    if (!lmhead_token_cells(args, t, cells)) {
+        return; /* uniform */
     }
     const uint32_t n = cells.n < args.max_n ? cells.n : args.max_n;
     const uint32_t h = args.h;
@@ -550,7 +559,7 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
     const uint16_t *rows = ptr<const uint16_t>(cells.rows);
     const uint32_t *ids = ptr<const uint32_t>(cells.ids);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
-    const uint32_t lane = group_lane, cell = threadIdx.x / GROUP;
+    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
     const uint32_t first = LANES * lane; /* this thread's first element of a round */
 
     /* Block-uniform: every thread reaches each barrier below. */
@@ -579,20 +588,50 @@ __device__ static void lmhead_rows(const tovl_lmhead_overlay_args &args) {
 }
 
 /* ---- Larger batches: tiles of up to TILE_ROWS rows of one slot. ---- */
-constexpr uint32_t TILE_ROWS = 8;         /* rows of one slot a block takes */
-/* Elements of each row staged at a time, into one of two LDS buffers (2 x 4
- * KiB): the next chunk's loads are in registers while this one is computed.
- * One 256-element round: on the H200 (HIP source, docs/HIP.md) 41.3 us at
- * T = 512 against 58.3 with 1024 (214 registers, one block per SM) and 40.9
- * with 512 (overlay loads then not ahead, to stay within 128 registers);
- * 19.5 KiB of LDS a block, so CDNA fits three workgroups in its 64 KiB. */
+/*
+ * A block's tile is TILE_ROWS rows x LMHEAD_ROWS overlay rows. A thread holds
+ * the spec's lanes 8p .. 8p + 7 (p: its place in its row group) of TILE_TM x
+ * TILE_TN cells: row group g takes overlay rows TILE_TN (g % TILE_OV_GROUPS)
+ * .. + TILE_TN and tile rows TILE_TM (g / TILE_OV_GROUPS) .. + TILE_TM, so
+ * each element it unpacks from bf16 serves TILE_TN (hidden) or TILE_TM
+ * (overlay) products: unpacking bf16 is an instruction per element. Compiled
+ * for sm_90, a whole chunk's loop is 208 instructions for a thread's 64
+ * multiply-adds with 4 x 2 cells, against 330 with 8 x 1 cells and a branch
+ * per row; on the H200 (HIP source, docs/HIP.md) 34.8 us at T = 512 against
+ * 41.5 for those and 37.3 for 8 x 1 cells without the branch; 2 x 4 cells
+ * (174 registers, one block per SM there) took 42.3.
+ */
+constexpr uint32_t TILE_ROWS = 8; /* rows of one slot a block takes */
+#ifndef TOVL_HIP_LMHEAD_TILE_TN
+#define TOVL_HIP_LMHEAD_TILE_TN 2
+#endif
+constexpr uint32_t TILE_TN = TOVL_HIP_LMHEAD_TILE_TN;                    /* overlay rows of a thread's cells */
+constexpr uint32_t TILE_OV_GROUPS = LMHEAD_ROWS / TILE_TN;               /* row groups along the overlay rows */
+constexpr uint32_t TILE_TM = TILE_ROWS * TILE_OV_GROUPS / (BLOCK / GROUP); /* tile rows of a thread's cells */
+static_assert(TILE_TM * TILE_TN * (BLOCK / GROUP) == TILE_ROWS * LMHEAD_ROWS, "every cell in one row group");
+/* A 64-wide wavefront holds row groups 2w and 2w + 1: they share their tile
+ * rows, so whether a row exists (the tree's shuffles) is uniform in it. */
+static_assert(TILE_OV_GROUPS % 2 == 0, "the two row groups of a wave64 share their tile rows");
+/* Elements of each row staged at a time, into one of two LDS buffers: the
+ * next chunk's loads are in registers while this one is computed. One
+ * 256-element round: on the H200 (HIP source, docs/HIP.md) 512 took 48.9 us
+ * at T = 512 against 34.8 (170 registers, one block per SM there). */
 #ifndef TOVL_HIP_LMHEAD_TILE_X_CHUNK
 #define TOVL_HIP_LMHEAD_TILE_X_CHUNK 256
 #endif
 constexpr uint32_t TILE_X_CHUNK = TOVL_HIP_LMHEAD_TILE_X_CHUNK;
-constexpr uint32_t TILE_CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES; /* overlay-row vectors per thread and chunk */
-constexpr uint32_t TILE_STAGE_JOBS = TILE_ROWS * TILE_X_CHUNK / 8 / BLOCK; /* hidden-row vectors per thread and chunk */
-static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_X_CHUNK / 8) % BLOCK == 0, "whole jobs");
+constexpr uint32_t TILE_CHUNK_ROUNDS = TILE_X_CHUNK / TOVL_DOT_LANES;
+constexpr uint32_t TILE_VECTORS = TILE_X_CHUNK / 8;               /* 16-byte vectors of a row's chunk */
+constexpr uint32_t TILE_STAGED_ROWS = TILE_ROWS + LMHEAD_ROWS;     /* the group's rows, then the overlay rows */
+constexpr uint32_t TILE_STAGE_JOBS = TILE_STAGED_ROWS * TILE_VECTORS / BLOCK; /* vectors per thread and chunk */
+constexpr uint32_t TILE_HIDDEN_JOBS = TILE_ROWS * TILE_VECTORS / BLOCK;        /* of them, of hidden rows */
+static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_VECTORS) % BLOCK == 0, "whole jobs");
+
+/* A tile block's LDS: two chunks of its rows (16 KiB with 256-element chunks). */
+struct TileLds {
+    uint4 staged[2][TILE_STAGED_ROWS][TILE_VECTORS];
+    uint32_t rows_of[TILE_ROWS];
+};
 
 /* Inclusive prefix sum of v over the block's threads (in thread order) and
  * the block's total; every thread calls it. Through LDS with a barrier per
@@ -680,78 +719,83 @@ __device__ static uint32_t lmhead_group_rows(const tovl_lmhead_overlay_args &arg
     return found > first ? (found - first < TILE_ROWS ? found - first : TILE_ROWS) : 0u;
 }
 
+/* The rows a tile stages: its jobs' row indices (the first TILE_HIDDEN_JOBS
+ * into the hidden rows, the others into the slot's overlay rows), kept as
+ * 32-bit indices beside two base pointers the block shares (64-bit
+ * pointers per job spilled on gfx1100). */
+struct TileSources {
+    const uint16_t *hidden, *rows;
+    uint32_t row[TILE_STAGE_JOBS];
+};
+
 /* Chunk c0 of a tile into registers: this thread's TILE_STAGE_JOBS vectors
- * of the group's hidden rows and its TILE_CHUNK_ROUNDS vectors of overlay
- * row w. WHOLE (rows 16-byte aligned,
- * the chunk within h): unconditional 16-byte loads, rows past len reading
- * row len - 1 (never used), so all are in flight at once; else 0 for rows
- * past len and elements past h. */
+ * of the staged rows. WHOLE (rows 16-byte aligned, the chunk within h):
+ * unconditional 16-byte loads, all in flight at once; else element by
+ * element past h (0 there). */
 template <bool WHOLE>
-__device__ static inline void tile_load_chunk(const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS],
-                                              uint32_t len, const uint16_t *w, uint32_t c0, uint32_t h,
-                                              bool vectors, uint4 (&staged)[TILE_STAGE_JOBS],
-                                              uint4 (&wv)[TILE_CHUNK_ROUNDS]) {
+__device__ static inline void tile_load_chunk(const TileSources &src, uint32_t c0, uint32_t h, bool vectors,
+                                              uint4 (&staged)[TILE_STAGE_JOBS]) {
     TOVL_HIP_UNROLL
     for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
-        const uint32_t v = threadIdx.x + u * BLOCK;
-        const uint32_t m = v / (TILE_X_CHUNK / 8), col = v % (TILE_X_CHUNK / 8);
-        if (WHOLE) {
-            staged[u] = load16(hidden + (size_t)rows_of[m < len ? m : len - 1] * h + c0 + 8 * col);
-        } else {
-            staged[u] = uint4{0, 0, 0, 0};
-            if (m < len) {
-                staged[u] = load8_bf16(hidden + (size_t)rows_of[m] * h, c0 + 8 * col, h, vectors);
-            }
-        }
+        const uint16_t *row = (u < TILE_HIDDEN_JOBS ? src.hidden : src.rows) + (size_t)src.row[u] * h;
+        const uint32_t e = c0 + 8 * ((threadIdx.x + u * BLOCK) % TILE_VECTORS);
+        staged[u] = WHOLE ? load16(row + e) : load8_bf16(row, e, h, vectors);
     }
-    load_rounds<WHOLE>(wv, w, c0, 0, chunk_rounds(c0, TILE_X_CHUNK, h), LANES * (threadIdx.x % GROUP), h, vectors);
 }
 
 /* A tile's dots over chunks c_begin .. c_end (c_end - c_begin a multiple of
  * TILE_X_CHUNK, or the last chunk): chunk c + 1's vectors are loaded into
  * registers while chunk c is computed from LDS buffer c % 2, one barrier a
- * chunk (no asynchronous copies on AMD: software pipelining). Every thread
- * calls it; a thread whose overlay row is not live loads row 0 and adds
- * nothing. */
+ * chunk (no asynchronous copies on AMD: software pipelining). Every cell is
+ * computed, those of absent rows too (their rows are stand-ins, their sums
+ * never stored): no branch in the loop. Every thread calls it. */
 template <bool WHOLE>
-__device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 (&xs)[2][TILE_ROWS][TILE_X_CHUNK / 8],
-                                          const uint16_t *hidden, const uint32_t (&rows_of)[TILE_ROWS], uint32_t len,
-                                          const uint16_t *w, bool live, uint32_t c_begin, uint32_t c_end, uint32_t h,
+__device__ static inline void tile_chunks(float (&acc)[TILE_TM][TILE_TN][LANES], TileLds &lds,
+                                          const TileSources &src, uint32_t tile_row,
+                                          uint32_t overlay_row, uint32_t c_begin, uint32_t c_end, uint32_t h,
                                           bool vectors) {
     const uint32_t first = LANES * (threadIdx.x % GROUP);
-    uint4 staged[TILE_STAGE_JOBS], wv[TILE_CHUNK_ROUNDS] = {}; /* rounds past h stay unloaded */
-    tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c_begin, h, vectors, staged, wv);
+    uint4 staged[TILE_STAGE_JOBS];
+    tile_load_chunk<WHOLE>(src, c_begin, h, vectors, staged);
     __syncthreads(); /* the chunks before are read */
     uint32_t buf = 0;
     for (uint32_t c0 = c_begin; c0 < c_end; c0 += TILE_X_CHUNK, buf ^= 1u) {
         TOVL_HIP_UNROLL
         for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
             const uint32_t v = threadIdx.x + u * BLOCK;
-            xs[buf][v / (TILE_X_CHUNK / 8)][v % (TILE_X_CHUNK / 8)] = staged[u];
+            lds.staged[buf][v / TILE_VECTORS][v % TILE_VECTORS] = staged[u];
         }
         __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
-        uint4 wcur[TILE_CHUNK_ROUNDS];
-        TOVL_HIP_UNROLL
-        for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
-            wcur[j] = wv[j];
-        }
         if (c0 + TILE_X_CHUNK < c_end) {
-            tile_load_chunk<WHOLE>(hidden, rows_of, len, w, c0 + TILE_X_CHUNK, h, vectors, staged, wv);
+            tile_load_chunk<WHOLE>(src, c0 + TILE_X_CHUNK, h, vectors, staged);
         }
-        if (!live) {
-            continue;
-        }
-        const uint32_t rounds = WHOLE ? TILE_CHUNK_ROUNDS : chunk_rounds(c0, TILE_X_CHUNK, h);
         TOVL_HIP_UNROLL
         for (uint32_t j = 0; j < TILE_CHUNK_ROUNDS; j++) {
             const uint32_t at = j * TOVL_DOT_LANES + first, e = c0 + at;
-            if (!WHOLE && (j >= rounds || e >= h)) {
+            if (!WHOLE && e >= h) {
                 continue;
             }
+            float w[TILE_TN][LANES];
             TOVL_HIP_UNROLL
-            for (uint32_t m = 0; m < TILE_ROWS; m++) {
-                if (m < len) {
-                    dot_round<WHOLE>(acc[m], xs[buf][m][at / 8], wcur[j], e, h);
+            for (uint32_t n = 0; n < TILE_TN; n++) {
+                const uint4 wv = lds.staged[buf][TILE_ROWS + overlay_row + n][at / 8];
+                TOVL_HIP_UNROLL
+                for (uint32_t i = 0; i < LANES; i++) {
+                    w[n][i] = bf16_of(wv, i);
+                }
+            }
+            TOVL_HIP_UNROLL
+            for (uint32_t m = 0; m < TILE_TM; m++) {
+                const uint4 xv = lds.staged[buf][tile_row + m][at / 8];
+                TOVL_HIP_UNROLL
+                for (uint32_t i = 0; i < LANES; i++) {
+                    if (WHOLE || e + i < h) {
+                        const float x = bf16_of(xv, i);
+                        TOVL_HIP_UNROLL
+                        for (uint32_t n = 0; n < TILE_TN; n++) {
+                            acc[m][n][i] = __fadd_rn(acc[m][n][i], __fmul_rn(x, w[n][i]));
+                        }
+                    }
                 }
             }
         }
@@ -760,17 +804,17 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_ROWS][LANES], uint4 
 
 /* Block (x, y): the x-th group of up to TILE_ROWS rows of one slot (in
  * increasing t; lmhead_pick) times overlay rows 8 y .. 8 y + 7 of that
- * slot, a row group per overlay row. The group's hidden rows are staged in
- * LDS, TILE_X_CHUNK elements of each at a time, so each overlay row is read
- * once for up to TILE_ROWS rows and each hidden row once for 8 overlay rows.
+ * slot. The group's hidden rows and the overlay rows are staged in LDS,
+ * TILE_X_CHUNK elements of each at a time, so each overlay row is read once
+ * for up to TILE_ROWS rows and each hidden row once for 8 overlay rows.
  * Each dot takes the order of lmhead_rows (thread p: lanes 8p .. 8p + 7;
- * the same tree). The grid has a block per row (x < T), more than the
- * groups can number: a block past ceil(T / TILE_ROWS) + min(max_loras, T),
- * a bound on them, leaves at once. */
+ * the same tree). Absent rows (past the group's or the slot's) are staged
+ * as copies of the last present one and their cells not stored. The grid
+ * has a block per row (x < T), more than the groups can number: a block
+ * past ceil(T / TILE_ROWS) + min(max_loras, T), a bound on them, leaves at
+ * once. */
 template <bool F32_LOGITS>
-__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
-    __shared__ uint4 xs[2][TILE_ROWS][TILE_X_CHUNK / 8];
-    __shared__ uint32_t rows_of[TILE_ROWS];
+__device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args, TileLds &lds) {
     const uint32_t x = blockIdx.x;
     const uint32_t bound = (args.T + TILE_ROWS - 1) / TILE_ROWS + (args.max_loras < args.T ? args.max_loras : args.T);
     if (x >= bound) {
@@ -778,12 +822,13 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
     }
     TOVL_HIP_GRID_DEPENDENCY_WAIT();
     const uint32_t h = args.h;
-    const uint32_t lane = threadIdx.x % GROUP, cell = threadIdx.x / GROUP;
+    const uint32_t lane = threadIdx.x % GROUP, group = threadIdx.x / GROUP;
+    const uint32_t tile_row = TILE_TM * (group / TILE_OV_GROUPS), overlay_row = TILE_TN * (group % TILE_OV_GROUPS);
     uint32_t s, g;
     if (!lmhead_pick(args, x, blockIdx.y * LMHEAD_ROWS, s, g)) {
         return; /* uniform: x is past the batch's groups */
     }
-    const uint32_t len = lmhead_group_rows(args, s, g, rows_of);
+    const uint32_t len = lmhead_group_rows(args, s, g, lds.rows_of);
     const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
     const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
     const uint16_t *rows = ptr<const uint16_t>(ptr<const uint64_t>(args.rows_table)[s]);
@@ -791,58 +836,222 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args) {
     const uint16_t *hidden = ptr<const uint16_t>(args.hidden);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
     for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
-        const uint32_t k = k0 + cell;
-        const bool live = k < n;
-        const uint16_t *w = rows + (size_t)(live ? k : 0) * h;
-        const uint32_t id = live ? ids[k] : UINT32_MAX;
-        float acc[TILE_ROWS][LANES];
+        TileSources src;
+        src.hidden = hidden;
+        src.rows = rows;
         TOVL_HIP_UNROLL
-        for (uint32_t m = 0; m < TILE_ROWS; m++) {
+        for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
+            const uint32_t r = (threadIdx.x + u * BLOCK) / TILE_VECTORS, k = k0 + r - TILE_ROWS;
+            src.row[u] = u < TILE_HIDDEN_JOBS ? lds.rows_of[r < len ? r : len - 1] : k < n ? k : n - 1;
+        }
+        uint32_t id[TILE_TN];
+        float acc[TILE_TM][TILE_TN][LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t j = 0; j < TILE_TN; j++) {
+            const uint32_t k = k0 + overlay_row + j;
+            id[j] = k < n ? ids[k] : UINT32_MAX;
             TOVL_HIP_UNROLL
-            for (uint32_t i = 0; i < LANES; i++) {
-                acc[m][i] = 0.0f;
+            for (uint32_t m = 0; m < TILE_TM; m++) {
+                TOVL_HIP_UNROLL
+                for (uint32_t i = 0; i < LANES; i++) {
+                    acc[m][j][i] = 0.0f;
+                }
             }
         }
         /* Whole chunks by the fast path, a partial last one (or rows not
          * 16-byte aligned) by the general one. */
         const uint32_t whole_end = vectors ? h / TILE_X_CHUNK * TILE_X_CHUNK : 0;
         if (whole_end > 0) {
-            tile_chunks<true>(acc, xs, hidden, rows_of, len, w, live, 0, whole_end, h, vectors);
+            tile_chunks<true>(acc, lds, src, tile_row, overlay_row, 0, whole_end, h, vectors);
         }
         if (whole_end < h) {
-            tile_chunks<false>(acc, xs, hidden, rows_of, len, w, live, whole_end, h, h, vectors);
+            tile_chunks<false>(acc, lds, src, tile_row, overlay_row, whole_end, h, h, vectors);
         }
         TOVL_HIP_UNROLL
-        for (uint32_t m = 0; m < TILE_ROWS; m++) {
-            if (m < len) { /* block-uniform: the shuffles see the whole wavefront */
-                const float v = lmhead_tree(acc[m]);
-                if (live && lane == 0 && id < args.vocab) {
-                    store_logit<F32_LOGITS>(args, rows_of[m], id, v);
+        for (uint32_t m = 0; m < TILE_TM; m++) {
+            if (tile_row + m < len) { /* uniform in the wavefront: the shuffles see all of it */
+                TOVL_HIP_UNROLL
+                for (uint32_t j = 0; j < TILE_TN; j++) {
+                    const float v = lmhead_tree(acc[m][j]);
+                    if (lane == 0 && id[j] < args.vocab) {
+                        store_logit<F32_LOGITS>(args, lds.rows_of[tile_row + m], id[j], v);
+                    }
                 }
             }
         }
     }
 }
 
-/* Tiles from TOVL_HIP_LMHEAD_TILE_MIN_T rows on; a block per token below. */
+/* ---- Decode batches: a block per (token, SMALL_ROWS overlay rows). ---- */
+/*
+ * On the small-batch grid (lmhead_small_grid), block (t, y) computes
+ * overlay rows k0 = SMALL_ROWS y .. k0 + SMALL_ROWS - 1 of token t's slot
+ * with BLOCK / SMALL_ROWS threads per overlay row, so a few tokens still
+ * spread over many blocks. Each chunk of SMALL_CHUNK elements of the hidden
+ * row and of the block's overlay rows is loaded with 16-byte loads (all of a
+ * thread's in flight at once: unconditional on whole aligned chunks) and
+ * staged in LDS; thread q of an overlay row then holds the spec's lanes
+ * SMALL_LANES q .. SMALL_LANES q + SMALL_LANES - 1, each summing over
+ * increasing element index (elements past h skipped). The lane sums go
+ * through LDS to one row group per overlay row, thread p taking lanes
+ * 8p .. 8p + 7, and lmhead_tree runs the spec's tree as the other paths do.
+ */
+#ifndef TOVL_HIP_LMHEAD_SMALL_CHUNK
+#define TOVL_HIP_LMHEAD_SMALL_CHUNK (4096 / TOVL_HIP_LMHEAD_SMALL_ROWS)
+#endif
+constexpr uint32_t SMALL_ROWS = TOVL_HIP_LMHEAD_SMALL_ROWS;
+constexpr uint32_t SMALL_CHUNK = TOVL_HIP_LMHEAD_SMALL_CHUNK;
+constexpr uint32_t SMALL_THREADS = BLOCK / SMALL_ROWS;                 /* threads per overlay row */
+constexpr uint32_t SMALL_LANES = TOVL_DOT_LANES / SMALL_THREADS;       /* dot lanes per thread */
+constexpr uint32_t SMALL_ROW_VECTORS = SMALL_CHUNK / 8;                /* 16-byte vectors of a row's chunk */
+constexpr uint32_t SMALL_JOBS = (1 + SMALL_ROWS) * SMALL_ROW_VECTORS / BLOCK; /* a thread's loads a chunk */
+static_assert(SMALL_LANES * SMALL_THREADS == TOVL_DOT_LANES && SMALL_ROWS * GROUP <= BLOCK, "lanes and tree groups");
+static_assert(SMALL_CHUNK % TOVL_DOT_LANES == 0 && SMALL_JOBS * BLOCK == (1 + SMALL_ROWS) * SMALL_ROW_VECTORS,
+              "whole rounds, whole vector jobs");
+
+template <bool F32_LOGITS>
+__device__ static void lmhead_small(const tovl_lmhead_overlay_args &args,
+                                    uint4 (&staged)[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS],
+                                    float (&lane_sums)[SMALL_ROWS][TOVL_DOT_LANES]) {
+    /* staged (LDS), row 0: hidden[t]'s chunk; row 1 + c: overlay row k0 + c's. */
+    const uint32_t t = blockIdx.x;
+    if (t >= args.T) {
+        return; /* the whole block */
+    }
+    LmheadSlotCells cells;
+    if (!lmhead_token_cells(args, t, cells)) {
+        return; /* uniform */
+    }
+    const uint32_t n = cells.n < args.max_n ? cells.n : args.max_n;
+    const uint32_t h = args.h;
+    const uint16_t *x = ptr<const uint16_t>(args.hidden) + (size_t)t * h;
+    const uint16_t *rows = ptr<const uint16_t>(cells.rows);
+    const uint32_t *ids = ptr<const uint32_t>(cells.ids);
+    const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    const uint32_t cell = threadIdx.x / SMALL_THREADS;
+    const uint32_t first = SMALL_LANES * (threadIdx.x % SMALL_THREADS); /* this thread's first lane */
+    const uint32_t tree_cell = threadIdx.x / GROUP, tree_lane = threadIdx.x % GROUP;
+    const uint16_t *staged16 = reinterpret_cast<const uint16_t *>(staged);
+
+    /* Block-uniform: every thread reaches each barrier below. */
+    for (uint32_t k0 = blockIdx.y * SMALL_ROWS; k0 < n; k0 += gridDim.y * SMALL_ROWS) {
+        const bool live = k0 + cell < n;
+        const uint32_t k = k0 + tree_cell; /* the cell whose tree this thread's group runs */
+        const uint32_t id = tree_cell < SMALL_ROWS && tree_lane == 0 && k < n ? ids[k] : UINT32_MAX; /* early */
+        float acc[SMALL_LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < SMALL_LANES; i++) {
+            acc[i] = 0.0f;
+        }
+        for (uint32_t c0 = 0; c0 < h; c0 += SMALL_CHUNK) {
+            const bool whole = vectors && c0 + SMALL_CHUNK <= h && k0 + SMALL_ROWS <= n; /* block-uniform */
+            uint4 v[SMALL_JOBS];
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < SMALL_JOBS; j++) {
+                const uint32_t job = threadIdx.x + j * BLOCK, r = job / SMALL_ROW_VECTORS;
+                const uint32_t e = c0 + 8 * (job % SMALL_ROW_VECTORS);
+                const uint16_t *src = r == 0 ? x : rows + (size_t)(k0 + r - 1) * h;
+                if (whole) {
+                    v[j] = load16(src + e);
+                } else if (r == 0 || k0 + r - 1 < n) {
+                    v[j] = load8_bf16(src, e, h, vectors);
+                } else {
+                    v[j] = uint4{0, 0, 0, 0};
+                }
+            }
+            __syncthreads(); /* the previous chunk is read */
+            TOVL_HIP_UNROLL
+            for (uint32_t j = 0; j < SMALL_JOBS; j++) {
+                staged[threadIdx.x + j * BLOCK] = v[j];
+            }
+            __syncthreads();
+            if (live) {
+                const uint32_t rounds = whole ? SMALL_CHUNK / TOVL_DOT_LANES : chunk_rounds(c0, SMALL_CHUNK, h);
+                const uint16_t *w = staged16 + (size_t)(1 + cell) * SMALL_CHUNK;
+                for (uint32_t r = 0; r < rounds; r++) {
+                    TOVL_HIP_UNROLL
+                    for (uint32_t i = 0; i < SMALL_LANES; i++) {
+                        const uint32_t at = r * TOVL_DOT_LANES + first + i; /* within the chunk */
+                        if (whole || c0 + at < h) {
+                            acc[i] = __fadd_rn(acc[i], __fmul_rn(bf16_to_f32(staged16[at]), bf16_to_f32(w[at])));
+                        }
+                    }
+                }
+            }
+        }
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < SMALL_LANES; i++) {
+            lane_sums[cell][first + i] = acc[i];
+        }
+        __syncthreads(); /* the next chunk's first barrier orders these reads before the next writes */
+        float lanes[LANES];
+        TOVL_HIP_UNROLL
+        for (uint32_t i = 0; i < LANES; i++) {
+            lanes[i] = tree_cell < SMALL_ROWS ? lane_sums[tree_cell][LANES * tree_lane + i] : 0.0f;
+        }
+        const float value = lmhead_tree(lanes);
+        if (id < args.vocab) { /* UINT32_MAX but in the storing thread of a live cell */
+            store_logit<F32_LOGITS>(args, t, id, value);
+        }
+    }
+}
+
+/* The LDS of an lm_head block: one path runs in a block, so the three share
+ * it (the sum of the three would leave CDNA one workgroup per CU). */
+union LmheadLds {
+    uint4 rows_xs[X_CHUNK / 8];
+    TileLds tiles;
+    struct {
+        uint4 staged[(1 + SMALL_ROWS) * SMALL_ROW_VECTORS];
+        float lane_sums[SMALL_ROWS][TOVL_DOT_LANES];
+    } small;
+};
+
+/* Whether the host launched the small-batch path's grid (y = max_n /
+ * SMALL_ROWS, token_overlay_shape.h) rather than the other paths' (y =
+ * max_n / 8), told apart by its height. Where the two are the same height
+ * (max_n <= SMALL_ROWS, or both at the y limit) the other paths take it,
+ * which cover every column of either. */
+__device__ static inline bool lmhead_small_grid(const tovl_lmhead_overlay_args &args) {
+    const uint32_t columns = (uint32_t)(((uint64_t)args.max_n + LMHEAD_ROWS - 1) / LMHEAD_ROWS);
+    return gridDim.y > (columns < TOVL_HIP_LMHEAD_MAX_COLUMNS ? columns : TOVL_HIP_LMHEAD_MAX_COLUMNS);
+}
+
+/* The small-batch path on its grid (the host gives it for T <=
+ * TOVL_HIP_LMHEAD_SMALL_MAX_T), else tiles from TOVL_HIP_LMHEAD_TILE_MIN_T
+ * rows on, a block per token between. */
 template <bool F32_LOGITS>
 __device__ static void lmhead_overlay(const tovl_lmhead_overlay_args &args) {
     /* Each path waits before it reads anything but the set's tables (hidden
      * rows, row slots, logits may come from the kernel before). No early
      * trigger: the next launch goes as the blocks exit. */
-    if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
-        lmhead_tiles<F32_LOGITS>(args);
+    __shared__ LmheadLds lds;
+    if (lmhead_small_grid(args)) {
+        lmhead_small<F32_LOGITS>(args, lds.small.staged, lds.small.lane_sums);
+    } else if (args.T >= TOVL_HIP_LMHEAD_TILE_MIN_T) {
+        lmhead_tiles<F32_LOGITS>(args, lds.tiles);
     } else {
-        lmhead_rows<F32_LOGITS>(args);
+        lmhead_rows<F32_LOGITS>(args, lds.rows_xs);
     }
 }
 
 } // namespace tovl_hip
 
-TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
+/* On AMD, at least two waves per SIMD for lm_head: gfx908's code object
+ * otherwise took 143 VGPRs, one wave (127 with it, no VGPR spilled). nvcc and
+ * the kernel emulation have no such attribute. */
+#if !defined(TOVL_HIP_ON_CUDA) && !defined(TOVL_HIP_EMU)
+#define TOVL_HIP_LMHEAD_OCCUPANCY __attribute__((amdgpu_waves_per_eu(2)))
+#else
+#define TOVL_HIP_LMHEAD_OCCUPANCY
+#endif
+
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) TOVL_HIP_LMHEAD_OCCUPANCY
+lmhead_overlay_bf16(tovl_lmhead_overlay_args args) {
     tovl_hip::lmhead_overlay<false>(args);
 }
 
-TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
+TOVL_HIP_KERNEL void __launch_bounds__(BLOCK) TOVL_HIP_LMHEAD_OCCUPANCY
+lmhead_overlay_f32(tovl_lmhead_overlay_args args) {
     tovl_hip::lmhead_overlay<true>(args);
 }

@@ -43,7 +43,12 @@ TOVL_API tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out
  *         {block_x, block_y, items_x, items_y};
  * then its blocks have block_x x block_y threads and each covers items_x x
  * items_y points of the logical grid: grid = (ceil(gx / items_x),
- * ceil(gy / items_y), 1). This port's modules are launched with
+ * ceil(gy / items_y), 1); and when it also defines
+ *     extern "C" __device__ const unsigned int K_launch_small[5] =
+ *         {max_x, block_x, block_y, items_x, items_y};
+ * a logical grid of 1 to max_x points in x (lm_head: T) takes that shape
+ * instead (the HIP port's small-batch grid: its kernel tells the two apart by
+ * the grid). This port's modules are launched with
  * programmatic dependent launch (sm_90 and newer): their kernels wait for the
  * kernel before them. Another module is too when it defines
  *     extern "C" __device__ const unsigned int tovl_cuda_dependent_launch = 1;

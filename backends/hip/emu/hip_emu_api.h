@@ -23,10 +23,20 @@ extern "C" {
 tovl_status tovl_hip_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
                                 const void *args, uint64_t seed, unsigned warp, bool lmhead_tiles);
 
+/* Which lm_head path the emulated backend's launches take: the HIP
+ * backend's choice, the tiles at every T (the kernels built with
+ * TOVL_HIP_LMHEAD_TILE_MIN_T 1, on the other paths' grid), or the
+ * small-batch path at every T (its grid at every T). */
+typedef enum tovl_hip_emu_lmhead {
+    TOVL_HIP_EMU_LMHEAD_AS_CHOSEN,
+    TOVL_HIP_EMU_LMHEAD_TILES,
+    TOVL_HIP_EMU_LMHEAD_SMALL
+} tovl_hip_emu_lmhead;
+
 /* A backend on host memory whose kernels are the emulated HIP kernels,
  * launched with the HIP backend's geometry (hip_geometry.c) in warps of
- * `warp` lanes; lmhead_tiles as for tovl_hip_emu_launch. */
-tovl_status tovl_hip_emu_backend_open(unsigned warp, bool lmhead_tiles, uint64_t seed, tovl_backend **out);
+ * `warp` lanes, lm_head as `lmhead` says. */
+tovl_status tovl_hip_emu_backend_open(unsigned warp, tovl_hip_emu_lmhead lmhead, uint64_t seed, tovl_backend **out);
 
 #ifdef __cplusplus
 }

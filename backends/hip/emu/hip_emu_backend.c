@@ -14,7 +14,7 @@
 typedef struct hip_emu_ctx {
     tovl_backend *host; /* the CPU backend: allocation and copies */
     unsigned warp;
-    bool lmhead_tiles;
+    tovl_hip_emu_lmhead lmhead;
     uint64_t seed, launches;
     char device[96], subgroup[8];
 } hip_emu_ctx;
@@ -73,13 +73,16 @@ static tovl_status hip_emu_launch(void *ctx, tovl_kernel kernel, const uint32_t 
     tovl_hip_kernel_id k;
     tovl_status st = tovl_hip_check_launch("hip-emu", kernel, args, args_size, &k);
     uint32_t blocks[3];
-    if (st == TOVL_OK) st = tovl_hip_blocks(k, grid, blocks);
+    const uint32_t small_max_t = c->lmhead == TOVL_HIP_EMU_LMHEAD_AS_CHOSEN ? TOVL_HIP_LMHEAD_SMALL_MAX_T
+                                 : c->lmhead == TOVL_HIP_EMU_LMHEAD_SMALL   ? UINT32_MAX
+                                                                            : 0;
+    if (st == TOVL_OK) st = tovl_hip_blocks_small_to(k, grid, small_max_t, blocks);
     if (st != TOVL_OK || !blocks[0] || !blocks[1] || !blocks[2]) {
         return st;
     }
     const uint32_t block[3] = {TOVL_HIP_BLOCK_THREADS, 1, 1};
     return tovl_hip_emu_launch(tovl_hip_kernel_names[k], blocks, block, args, c->seed + c->launches++, c->warp,
-                               c->lmhead_tiles);
+                               c->lmhead == TOVL_HIP_EMU_LMHEAD_TILES);
 }
 
 static tovl_status hip_emu_synchronize(void *ctx, void *stream) {
@@ -104,7 +107,7 @@ static const tovl_backend_iface hip_emu_iface = {
     .synchronize = hip_emu_synchronize,
 };
 
-tovl_status tovl_hip_emu_backend_open(unsigned warp, bool lmhead_tiles, uint64_t seed, tovl_backend **out) {
+tovl_status tovl_hip_emu_backend_open(unsigned warp, tovl_hip_emu_lmhead lmhead, uint64_t seed, tovl_backend **out) {
     *out = NULL;
     if (warp != 32 && warp != 64) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "hip-emu: warp width %u (32 or 64)", warp);
@@ -119,10 +122,12 @@ tovl_status tovl_hip_emu_backend_open(unsigned warp, bool lmhead_tiles, uint64_t
         return st;
     }
     c->warp = warp;
-    c->lmhead_tiles = lmhead_tiles;
+    c->lmhead = lmhead;
     c->seed = seed;
     snprintf(c->subgroup, sizeof c->subgroup, "%u", warp);
     snprintf(c->device, sizeof c->device, "HIP kernels emulated on the host (wave%u%s)", warp,
-             lmhead_tiles ? ", lm_head tiles at every T" : "");
+             lmhead == TOVL_HIP_EMU_LMHEAD_TILES   ? ", lm_head tiles at every T"
+             : lmhead == TOVL_HIP_EMU_LMHEAD_SMALL ? ", lm_head small-batch path at every T"
+                                                   : "");
     return tovl_backend_create(&hip_emu_iface, c, out);
 }
