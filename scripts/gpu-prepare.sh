@@ -28,6 +28,7 @@ git archive HEAD | tar -x -C "$src"
 cmake -S "$src" -B "$src/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_FUZZERS=OFF
 cmake --build "$src/build-gpu" -j "$(nproc)"
 rm -rf build-gpu && cp -a "$src/build-gpu" build-gpu
+git rev-parse --short HEAD > build-gpu/COMMIT   # what the figures were built from (no .git there)
 
 # 2. The Vulkan loader (the GPU image has the NVIDIA ICD but no loader).
 if ! ls .gl/libglvnd0_*.deb >/dev/null 2>&1; then

@@ -99,7 +99,7 @@ for log in "$out"/conform-seed-*.log; do
 done
 echo "hip here:   ${hip_line:-?}"
 if [ -n "$bench_table" ]; then
-  echo "bench:      tovl bench --tokens $bench_tokens --seed $fresh_seed, $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2> /dev/null || echo '?')"
+  echo "bench:      tovl bench --tokens $bench_tokens --seed $fresh_seed, $(date -u +%FT%TZ), commit $(build_commit)"
   cat "$bench_table"
   [ -s "$out/bench-side-by-side-plain.md" ] && echo && cat "$out/bench-side-by-side-plain.md"
 fi

@@ -34,6 +34,11 @@ step() {
   tail -n "${step_tail:-8}" "$out/$name.log"
 }
 
+# build_commit: the commit the build was made from (gpu-prepare.sh writes it).
+build_commit() {
+  cat "$here/$build/COMMIT" 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo '?'
+}
+
 # present_backends: the backends $out/devices.log (a `tovl devices` step named
 # devices) lists as present, space-separated.
 present_backends() {
