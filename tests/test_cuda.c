@@ -311,11 +311,6 @@ Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
  * small tiles (T = 64) and the large tiles (T = 512). */
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_backend *be = open_cuda_or_skip();
-    const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
-    if (strcmp(pdl, "on") != 0) {
-        tovl_backend_close(be);
-        cr_skip_test("programmatic dependent launch is %s", pdl);
-    }
     cuda_expect_hooks_wait(be);
     tovl_backend_close(be);
 }

@@ -381,6 +381,11 @@ static void expect_hooks_wait_at(tovl_backend *be, tovl_backend *cpu, CUfunction
 }
 
 void cuda_expect_hooks_wait(tovl_backend *be) {
+    const char *pdl = tovl_backend_property(be, "programmatic_dependent_launch");
+    if (strcmp(pdl, "on") != 0) {
+        tovl_backend_close(be);
+        cr_skip_test("programmatic dependent launch is %s", pdl);
+    }
     tovl_backend *cpu = NULL;
     cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
     const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);

@@ -78,7 +78,8 @@ void cuda_run_against_cpu(tovl_backend *dut, const cuda_scenario *sc, uint64_t s
 /* Each hook on `be` (launching with programmatic dependent launch) at T = 8,
  * 32, 64 and 512, after a kernel that lets it launch at once and writes the
  * hook's input 20 us later: the hook must wait for it (bit-exact against the
- * CPU reference). */
+ * CPU reference). Skips the test, closing `be`, when it launches without
+ * programmatic dependent launch. */
 void cuda_expect_hooks_wait(tovl_backend *be);
 
 #endif
