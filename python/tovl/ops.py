@@ -61,7 +61,7 @@ class _Launch:
     only its address cell (0 once the set is freed) and a weak reference for error messages."""
 
     __slots__ = ("cell", "set_ref", "device", "index", "legacy_null", "read_stream", "hidden", "min_width",
-                 "kernels", "embed_args", "embed_addr", "lmhead_args", "lmhead_addr", "__weakref__")
+                 "kernels", "embed_args", "embed_addr", "lmhead_args", "lmhead_addr")
 
     def __init__(self, s: OverlaySet) -> None:
         be = s.backend
@@ -238,6 +238,7 @@ def _check_hidden(t: torch.Tensor, op: str, s: OverlaySet, device: torch.device)
 
 _EMBED, _LMHEAD = "tovl.embed_overlay_", "tovl.lmhead_overlay_"
 _IDS_DTYPES, _SLOTS_DTYPES = (torch.int32, torch.int64), (torch.int32,)
+_LOGITS_DTYPES = (torch.bfloat16, torch.float32)
 _BF16, _F32, _I32, _I64 = torch.bfloat16, torch.float32, torch.int32, torch.int64
 
 
@@ -283,7 +284,6 @@ def _check_lmhead(s: OverlaySet, logits: torch.Tensor, hidden: torch.Tensor,
     return T
 
 
-_LOGITS_DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _LOGITS_BF16, _LOGITS_F32 = _clib.LOGITS_BF16, _clib.LOGITS_F32
 
 
