@@ -163,13 +163,12 @@ static const struct {
     {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
     /* The row variants: row4 (1 overlay row a block) while its grid is at
-     * most one and a half rounds of 8 to an SM (1584), up to 24 x 64; row
-     * (4) while all its blocks are resident 6 to an SM (792), up to 49 x 16. */
+     * most two rounds of 8 to an SM (2112), up to 33 x 64; row (4) while all
+     * its blocks are resident 6 to an SM (792), up to 49 x 16. */
     {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
     {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4 in one round"},
-    {24, 64, TOVL_CUDA_VARIANT_ROW4, {24, 64, 1}, "row4's last size"},
-    {25, 64, TOVL_CUDA_VARIANT_ROW, {25, 16, 1}, "row's first size"},
-    {33, 64, TOVL_CUDA_VARIANT_ROW, {33, 16, 1}, "row at 4 blocks per SM would end here"},
+    {33, 64, TOVL_CUDA_VARIANT_ROW4, {33, 64, 1}, "row4's last size"},
+    {34, 64, TOVL_CUDA_VARIANT_ROW, {34, 16, 1}, "row's first size"},
     {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
     {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
     {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 3, 1}, "3 overlay rows: 3 columns of row4"},

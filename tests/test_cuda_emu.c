@@ -106,22 +106,22 @@ Test(cuda_emu, bench_shape_t64, .timeout = 900) {
 }
 
 /* Decode steps of the benchmark's shape: T = 8 takes row4 (8 x 64 blocks of
- * four warps per overlay row), T = 32 row (32 x 16 blocks of a warp per row). */
-Test(cuda_emu, bench_shape_t8_t32, .timeout = 900) {
+ * four warps per overlay row), T = 40 row (40 x 16 blocks of a warp per row). */
+Test(cuda_emu, bench_shape_t8_t40, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"bench_t32", 32, 4096, 5000, 8, 8, 0, 1, 64, false, false});
+                      &(cuda_scenario){"bench_t40", 40, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
 /* The row variants with slots past the first 32 (whose table cells they load
  * after the row's slot rather than picking them from the early loads), odd
- * h: T = 24 takes row4 (24 x 19 blocks), T = 90 row (90 x 5). */
+ * h: T = 24 takes row4 (24 x 19 blocks), T = 120 row (120 x 5). */
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false});
+                      &(cuda_scenario){"row_many_slots", 120, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two

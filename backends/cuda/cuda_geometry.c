@@ -104,14 +104,14 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 
 /* The shapes (launch_shape.h), the first that fits:
  * - row4, then row: a block per (row, 1 or 4 overlay rows), row4 while its
- *   grid is at most one and a half rounds of 8 blocks per SM, row while all
- *   of its blocks are resident at once (6 to an SM). They read each overlay
- *   row once per row rather than once per 8, so they are for small batches:
- *   on the H200 with 8 slots x 64 rows row4 took 1.7-3.5 us at T = 1-16 and
- *   4.2 at T = 24 (1536 blocks, against row's 4.5), row 5.2 at T = 32 and
- *   6.8 at T = 48, where the small tiles take 7.9 (and row 8.8-9.3 at T =
- *   64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at T = 1-16) fits wherever
- *   row4 does, so the host no longer takes it.
+ *   grid is at most two rounds of 8 blocks per SM, row while all of its
+ *   blocks are resident at once (6 to an SM). They read each overlay row
+ *   once per row rather than once per 8, so they are for small batches: on
+ *   the H200 with 8 slots x 64 rows row4 took 1.6-3.4 us at T = 1-16 and
+ *   4.8-5.2 at T = 32 (2048 blocks, against row's 5.2), row 6.0 at T = 40
+ *   (row4 6.1-6.2) and 6.8 at T = 48, where the small tiles take 7.9 (and
+ *   row 8.8-9.3 at T = 64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at
+ *   T = 1-16) fits wherever row4 does, so the host no longer takes it.
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
  *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs

@@ -115,19 +115,19 @@
  * max_n capped at 65535), both rows staged into shared memory STAGE_ROUNDS
  * 256-element rounds at a time (17 KB with 16), BLOCKS_PER_SM resident to
  * an SM (also its register cap: 64). The host takes it first, while its
- * grid is at most GRID_PER_SM blocks per SM: one and a half rounds. On the
- * H200 (seed 777; docs/PERFORMANCE.md) 1.73 / 2.68 / 3.47 us at T = 1 / 8
- * / 16 with 8 or 12 to an SM alike; at T = 24 (1536 blocks, 1.45 rounds)
- * 4.21 against row's 4.54, at T = 32 (1.94 rounds) 5.20-5.43 against row's
- * 5.18-5.20; chunks of 8 rounds 1.99 / 2.88 / 3.60; two or four cells a
- * block sharing the staged hidden row 2.26 / 2.83 / 3.78 and 2.66 / 2.91 /
- * 3.98. */
+ * grid is at most GRID_PER_SM blocks per SM: two rounds. On the H200 (seeds
+ * 777 and 4242; docs/PERFORMANCE.md) 1.58 / 2.55 / 3.29-3.42 us at T = 1 / 8
+ * / 16, 4.02-4.17 at T = 24, 4.78-5.19 at T = 32 (1.94 rounds) against
+ * row's 5.19-5.21, 6.10-6.23 at T = 40 against row's 5.98-6.02; 12 to an SM
+ * 4.96-5.19 at T = 32; chunks of 8 rounds 1.99 / 2.88 / 3.60 at T = 1 / 8 /
+ * 16; two or four cells a block sharing the staged hidden row 2.26 / 2.83 /
+ * 3.78 and 2.66 / 2.91 / 3.98. */
 #define TOVL_CUDA_LMHEAD_ROW4_THREADS 128
 #ifndef TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM 8
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 3 / 2)
+#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 2)
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16

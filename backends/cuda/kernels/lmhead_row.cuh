@@ -276,7 +276,6 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     };
     __shared__ Stage stage;
     const uint32_t t = blockIdx.x, q = threadIdx.x, warp = q / WARP, lane = lane_id();
-    /* No early grid_dependents_launch, as in _row. */
     RowSlotCells cells;
     if (!row_slot_cells(a, t, cells)) {
         return; /* uniform: the block's row has no overlay */
@@ -339,6 +338,11 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
         stage.sums[2 * q] = acc0;
         stage.sums[2 * q + 1] = acc1;
         __syncthreads();
+        /* The next launch may start while warp 0 runs the tree (it waits for
+         * this grid before it reads the logits): on the H200 (seed 777) 1.69
+         * -> 1.59 us at T = 1, 2.64 -> 2.55 at 8, 3.51 -> 3.43 at 16. Once the
+         * rows have landed instead: 1.77 / 2.86 / 3.50 (docs/PERFORMANCE.md). */
+        grid_dependents_launch();
         if (warp == 0) {
             float v[TOVL_DOT_LANES / WARP];
             TOVL_UNROLL
