@@ -188,6 +188,21 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
+/* copy_async_wait<pending> for a count known only once a loop is unrolled
+ * (0..7). */
+__device__ __forceinline__ void copy_async_wait_n(uint32_t pending) {
+    switch (pending) {
+    case 0: copy_async_wait<0>(); break;
+    case 1: copy_async_wait<1>(); break;
+    case 2: copy_async_wait<2>(); break;
+    case 3: copy_async_wait<3>(); break;
+    case 4: copy_async_wait<4>(); break;
+    case 5: copy_async_wait<5>(); break;
+    case 6: copy_async_wait<6>(); break;
+    default: copy_async_wait<7>(); break;
+    }
+}
+
 /* Programmatic dependent launch (sm_90 and newer). The host launches this
  * port's kernels with programmatic stream serialization (cuda_backend.c), so
  * a kernel may start while the kernel before it in the stream is still

@@ -247,11 +247,16 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
  * #55796: docs/PERFORMANCE.md) in the spec's order. The block copies both
  * rows into shared memory by cp.async, 16-byte copies that hold no
  * registers while they are in flight (so 8 blocks share an SM), a chunk of
- * STAGE_ROUNDS 256-element rounds at a time (h = 4096 in one); then thread
- * q takes the lanes 2q and 2q + 1 of every round from there, one pair word
- * of each row, so each lane's sum runs over increasing i. The tree: the 256
- * sums through shared memory, then warp 0 runs strides 128, 64, 32 in
- * registers (thread p holds lanes p + 32 i) and 16 .. 1 by shuffles.
+ * STAGE_ROUNDS 256-element rounds at a time (h = 4096 in one), as JOBS
+ * groups of copies, each computed once it has landed while the later ones
+ * are in flight; thread q takes the lanes 2q and 2q + 1 of every round from
+ * there, one pair word of each row, so each lane's sum runs over increasing
+ * i, with no check against h in a chunk that lies inside the row. On the
+ * H200 (seeds 777 and 4242) that took T = 8 from 2.55 to 2.36-2.42 us, 16
+ * from 3.30-3.42 to 2.98-3.10, 32 from 4.95-5.19 to 4.38-4.58
+ * (docs/PERFORMANCE.md). The tree: the 256 sums through shared memory, then
+ * warp 0 runs strides 128, 64, 32 in registers (thread p holds lanes
+ * p + 32 i) and 16 .. 1 by shuffles.
  * Blocks past CUDA's y limit take k + gridDim.y, ... too; the hidden row is
  * staged once for them when it fits a chunk.
  * On the H200 (bench workload, seed 777): 1.73 / 2.68 / 3.47 us at T = 1 /
@@ -265,6 +270,9 @@ struct LmheadRow4 {
     static constexpr uint32_t BLOCKS_PER_SM = TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM;
     static_assert(THREADS * 2 == TOVL_DOT_LANES, "two of the spec's lanes a thread");
     static_assert(CHUNK / 8 % THREADS == 0, "every thread stages the same number of vectors");
+    /* A job: one 16-byte vector of each row per thread, JOB_ROUNDS rounds of the chunk. */
+    static constexpr uint32_t JOBS = CHUNK / 8 / THREADS, JOB_ROUNDS = CHUNK / TOVL_DOT_LANES / JOBS;
+    static_assert(JOBS >= 1 && JOBS <= 8, "copy_async_wait_n counts up to 7 groups in flight");
 };
 
 template <class C, bool F32_LOGITS>
@@ -297,9 +305,38 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
         float acc0 = 0.0f, acc1 = 0.0f;
         for (uint32_t base = 0; base < h; base += CHUNK) {
             const bool stage_x = !x_kept || k == blockIdx.y;
-            if (vectors) {
+            const bool whole = base + CHUNK <= h; /* no element of the chunk lies past h */
+            /* Rounds [r0, r1) of the staged chunk into this thread's two lane sums. */
+            const auto rounds = [&](uint32_t r0, uint32_t r1) {
+                if (whole) {
+                    TOVL_UNROLL
+                    for (uint32_t r = r0; r < r1; r++) {
+                        const uint32_t i = r * TOVL_DOT_LANES + 2 * q;
+                        const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
+                        const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
+                        acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
+                        acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                    }
+                    return;
+                }
                 TOVL_UNROLL
-                for (uint32_t j = 0; j < CHUNK / 8 / THREADS; j++) {
+                for (uint32_t r = r0; r < r1; r++) {
+                    const uint32_t i = r * TOVL_DOT_LANES + 2 * q, e = base + i;
+                    const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
+                    const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
+                    if (e < h) {
+                        acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
+                    }
+                    if (e + 1 < h) {
+                        acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                    }
+                }
+            };
+            if (vectors) {
+                /* Job j: this thread's 16-byte vector of each row in rounds
+                 * j R .. j R + R - 1, a cp.async group of its own. */
+                TOVL_UNROLL
+                for (uint32_t j = 0; j < C::JOBS; j++) {
                     const uint32_t i = 8 * (j * THREADS + q), e = base + i;
                     if (e < h) {
                         if (stage_x) {
@@ -307,9 +344,15 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                         }
                         copy16_async(stage.w + i, w + e);
                     }
+                    copy_async_commit();
                 }
-                copy_async_commit();
-                copy_async_wait<0>();
+                /* Each job's rounds once every thread's copies of it have landed. */
+                TOVL_UNROLL
+                for (uint32_t j = 0; j < C::JOBS; j++) {
+                    copy_async_wait_n(C::JOBS - 1 - j);
+                    __syncthreads();
+                    rounds(j * C::JOB_ROUNDS, (j + 1) * C::JOB_ROUNDS);
+                }
             } else {
                 for (uint32_t i = q; i < CHUNK; i += THREADS) {
                     if (base + i < h) {
@@ -319,19 +362,8 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                         stage.w[i] = ldg(w + base + i);
                     }
                 }
-            }
-            __syncthreads();
-            TOVL_UNROLL
-            for (uint32_t r = 0; r < CHUNK / TOVL_DOT_LANES; r++) {
-                const uint32_t i = r * TOVL_DOT_LANES + 2 * q, e = base + i;
-                const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
-                const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
-                if (e < h) {
-                    acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
-                }
-                if (e + 1 < h) {
-                    acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
-                }
+                __syncthreads();
+                rounds(0, CHUNK / TOVL_DOT_LANES);
             }
             __syncthreads(); /* the next chunk or cell stages over these */
         }
