@@ -160,17 +160,18 @@ static const struct {
     const char *why;
 } lmhead_choices[] = {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
-    {64, 64, TOVL_CUDA_VARIANT_SMALL, {16, 8, 1}, "16 x 8 small tiles, one per SM"},
     {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    /* The row variants: row4 (1 overlay row a block) while its grid is at
-     * most two rounds of 8 to an SM (2112), up to 33 x 64; row (4) while all
-     * its blocks are resident 6 to an SM (792), up to 49 x 16. */
+    {300, 16, TOVL_CUDA_VARIANT_SMALL, {46, 2, 1}, "46 x 2 small tiles, one per SM"},
+    {464, 16, TOVL_CUDA_VARIANT_SMALL, {66, 2, 1}, "the small tiles' last size over 16 overlay rows"},
+    {465, 16, TOVL_CUDA_VARIANT_PLAIN, {67, 2, 1}, "67 x 2 small tiles would not each get an SM"},
+    /* row4 (1 overlay row a block) while its grid is at most four rounds of
+     * 8 to an SM (4224), up to 66 x 64; row and row2 are never taken. */
     {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
     {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4 in one round"},
-    {33, 64, TOVL_CUDA_VARIANT_ROW4, {33, 64, 1}, "row4's last size"},
-    {34, 64, TOVL_CUDA_VARIANT_ROW, {34, 16, 1}, "row's first size"},
-    {49, 64, TOVL_CUDA_VARIANT_ROW, {49, 16, 1}, "row's last size"},
-    {50, 64, TOVL_CUDA_VARIANT_SMALL, {15, 8, 1}, "past the row variants"},
+    {64, 64, TOVL_CUDA_VARIANT_ROW4, {64, 64, 1}, "row4 in four rounds"},
+    {66, 64, TOVL_CUDA_VARIANT_ROW4, {66, 64, 1}, "row4's last size"},
+    {67, 64, TOVL_CUDA_VARIANT_PLAIN, {17, 8, 1}, "past row4: 17 x 8 small tiles would not each get an SM"},
+    {264, 16, TOVL_CUDA_VARIANT_ROW4, {264, 16, 1}, "row4's last size over 16 overlay rows"},
     {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 3, 1}, "3 overlay rows: 3 columns of row4"},
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
 };
@@ -306,8 +307,9 @@ Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
     tovl_backend_close(be);
 }
 
-/* Each lm_head variant on an H200-sized GPU: row4 (T = 8), row (T = 32), the
- * small tiles (T = 64) and the large tiles (T = 512). */
+/* Each lm_head variant the host takes on an H200-sized GPU: row4 (T = 8, 32,
+ * 64), the small tiles (T = 300 over 16 overlay rows) and the large tiles
+ * (T = 512). */
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_backend *be = open_cuda_or_skip();
     cuda_expect_hooks_wait(be);

@@ -330,11 +330,13 @@ static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream
     CU_OK(tovl_cuda_launch_kernel(cu, fn, grid, block, stream, params, true));
 }
 
-/* The hooks at batch size T, each after a slow_copy that writes its input. */
-static void expect_hooks_wait_at(tovl_backend *be, tovl_backend *cpu, CUfunction slow_copy, CUstream stream, uint32_t T) {
+/* The hooks at batch size T over `rows` overlay rows a slot, each after a
+ * slow_copy that writes its input. */
+static void expect_hooks_wait_at(tovl_backend *be, tovl_backend *cpu, CUfunction slow_copy, CUstream stream, uint32_t T,
+                                 uint32_t rows) {
     char name[32];
-    snprintf(name, sizeof name, "pdl_wait_t%u", T);
-    const cuda_scenario sc = {name, T, 4096, 32000, 8, 8, 0, 1, 64, false, false};
+    snprintf(name, sizeof name, "pdl_wait_t%u_r%u", T, rows);
+    const cuda_scenario sc = {name, T, 4096, 32000, 8, 8, 0, 1, rows, false, false};
     tu_rng r = tu_rng_for(sc.name);
     const uint64_t seed = tu_next(&r);
     cuda_hook_case ref, hc;
@@ -394,9 +396,11 @@ void cuda_expect_hooks_wait(tovl_backend *be) {
     CUfunction slow_copy = NULL;
     CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
     CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
-    const uint32_t sizes[] = {8, 32, 64, 512};
+    /* On an H200: row4 (T = 8, 32, 64), the small tiles (T = 300 over 16
+     * rows), the large tiles (T = 512). */
+    const uint32_t sizes[][2] = {{8, 64}, {32, 64}, {64, 64}, {300, 16}, {512, 64}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        expect_hooks_wait_at(be, cpu, slow_copy, stream, sizes[i]);
+        expect_hooks_wait_at(be, cpu, slow_copy, stream, sizes[i][0], sizes[i][1]);
     }
     cu->cuModuleUnload(module);
     cuda_engine_stream_close(be, stream);

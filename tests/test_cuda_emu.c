@@ -54,8 +54,8 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
 }
 
 /* Every lm_head variant through the whole suite, whatever the batch would
- * choose (the backend picks the row variants for small batches, the small
- * tiles for T up to about 64 and the large tiles beyond: cuda_geometry.c). */
+ * choose (the backend picks row4 for small batches, then the small tiles
+ * where they give each block an SM, the large tiles beyond: cuda_geometry.c). */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_PLAIN, "cuda_emu_large");
 }
@@ -77,7 +77,7 @@ Test(cuda_emu, conformance_row4, .timeout = 900) {
 }
 
 /* The backend's own choice on an H200's 132 SMs (the suite's small batches
- * take the row variants) and on 1, 5 and 7 SMs (most take the tiles). */
+ * take row4) and on 1, 5 and 7 SMs (most take the tiles). */
 Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_h200");
     conform_on(&(tovl_cuda_device_shape){1}, -1, "cuda_emu_1");
@@ -99,29 +99,38 @@ Test(cuda_emu, bench_shape_t512, .timeout = 900) {
                       &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* T = 64 of the benchmark: the small tiles. */
+/* T = 64 of the benchmark: row4 in four rounds of its blocks. */
 Test(cuda_emu, bench_shape_t64, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* Decode steps of the benchmark's shape: T = 8 takes row4 (8 x 64 blocks of
- * four warps per overlay row), T = 40 row (40 x 16 blocks of a warp per row). */
-Test(cuda_emu, bench_shape_t8_t40, .timeout = 900) {
+/* Decode steps of the benchmark's shape: row4 (8 x 64 and 40 x 64 blocks of
+ * four warps per overlay row); and the small tiles over 16 overlay rows
+ * (T = 300: 46 x 2 tiles). */
+Test(cuda_emu, bench_shape_t8_t40_t300, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t40", 40, 4096, 5000, 8, 8, 0, 1, 64, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"bench_t300_r16", 300, 4096, 5000, 8, 8, 0, 1, 16, false, false});
 }
 
 /* The row variants with slots past the first 32 (whose table cells they load
  * after the row's slot rather than picking them from the early loads), odd
- * h: T = 24 takes row4 (24 x 19 blocks), T = 120 row (120 x 5). */
+ * h: T = 24 takes row4 (24 x 19 blocks); row (90 x 5) when asked for. */
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
-    batch_against_cpu(&(tovl_cuda_device_shape){132},
-                      &(cuda_scenario){"row_many_slots", 120, 130, 2000, 700, 3, 3, 256, 19, false, false});
+    const cuda_scenario row = {"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false};
+    tu_rng r = tu_rng_for(row.name);
+    tovl_backend *emu = NULL;
+    cr_assert_eq(tovl_cuda_emu_backend_open_variant(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW,
+                                                    tu_next(&r), &emu),
+                 TOVL_OK, "%s", tovl_last_error());
+    cuda_run_against_cpu(emu, &row, tu_next(&r));
+    tovl_backend_close(emu);
 }
 
 /* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two

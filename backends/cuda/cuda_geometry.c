@@ -103,15 +103,13 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 }
 
 /* The shapes (launch_shape.h), the first that fits:
- * - row4, then row: a block per (row, 1 or 4 overlay rows), row4 while its
- *   grid is at most two rounds of 8 blocks per SM, row while all of its
- *   blocks are resident at once (6 to an SM). They read each overlay row
- *   once per row rather than once per 8, so they are for small batches: on
- *   the H200 with 8 slots x 64 rows row4 took 1.6-3.4 us at T = 1-16 and
- *   4.8-5.2 at T = 32 (2048 blocks, against row's 5.2), row 6.0 at T = 40
- *   (row4 6.1-6.2) and 6.8 at T = 48, where the small tiles take 7.9 (and
- *   row 8.8-9.3 at T = 64; docs/PERFORMANCE.md). row2 (2.7-3.7 us at
- *   T = 1-16) fits wherever row4 does, so the host no longer takes it.
+ * - row4: a block per (row, overlay row), while its grid is at most four
+ *   rounds of 8 blocks per SM. It reads each overlay row once per row rather
+ *   than once per 8, so it is for small batches: on the H200 with 8 slots x
+ *   64 rows 1.6-3.1 us at T = 1-16, 4.4-4.6 at 32, 6.0 at 48 (row 6.8) and
+ *   7.4-7.5 at 64 (4096 blocks, against the small tiles' 7.9;
+ *   docs/PERFORMANCE.md). row and row2 fit wherever row4 does and were
+ *   slower there, so the host no longer takes them.
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
  *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs
@@ -121,18 +119,14 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
-    static const struct {
-        tovl_cuda_variant variant;
-        uint32_t blocks_per_sm; /* of its grid, at most */
-    } rows_first[2] = {{TOVL_CUDA_VARIANT_ROW4, TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM},
-                       {TOVL_CUDA_VARIANT_ROW, TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM}};
-    for (int i = 0; i < 2 && a->T <= GRID_X_MAX; i++) {
-        tovl_status st = tovl_cuda_lmhead_shape(rows_first[i].variant, a, out);
-        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * rows_first[i].blocks_per_sm) {
+    tovl_status st;
+    if (a->T <= GRID_X_MAX) {
+        st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, a, out);
+        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM) {
             return st;
         }
     }
-    tovl_status st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_SMALL, a, out);
+    st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_SMALL, a, out);
     if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms) {
         return st;
     }

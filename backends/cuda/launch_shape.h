@@ -6,10 +6,11 @@
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
  *   lmhead_overlay_*  five variants (cuda_geometry.c chooses):
- *                     row4, row2 and row (small batches): a block per (row
- *                     t, 1, 2 or 4 overlay rows of its slot), grid (T,
- *                     ceil(max_n / cells)); each overlay row is read once
- *                     per row.
+ *                     row4, row2 and row (small batches; the host takes
+ *                     row4, the other two run when asked for): a block
+ *                     per (row t, 1, 2 or 4 overlay rows of its slot),
+ *                     grid (T, ceil(max_n / cells)); each overlay row is
+ *                     read once per row.
  *                     small and large tiles: a block per (group of BM rows
  *                     of one slot, BN overlay rows): grid (ceil(T / BM) +
  *                     min(max_loras, T), ceil(max_n / BN) capped at 65535
@@ -82,18 +83,19 @@
 /* The "row" variants for small batches (lmhead_row.cuh): a block of
  * ROW_THREADS per (row t, CELLS overlay rows of its slot), grid (T,
  * ceil(max_n / CELLS) capped at 65535). _row: a warp per cell (4 cells);
- * _row2: two warps per cell (2 cells), each thread half the lanes. The host
- * takes the one whose blocks are all resident at once, _row2 first:
- * BLOCKS_PER_SM to an SM, which is also each one's register cap (65536 /
- * (128 x BLOCKS_PER_SM) per thread: _row 85, _row2 128). ROUNDS_AHEAD:
+ * _row2: two warps per cell (2 cells), each thread half the lanes. row4
+ * (below) fits wherever they do and is faster there, so the host takes
+ * neither (tovl_cuda_lmhead_shape still gives their shapes, for the
+ * microbenchmark and the tests). BLOCKS_PER_SM to an SM, which is also each
+ * one's register cap (65536 / (128 x BLOCKS_PER_SM) per thread: _row 85,
+ * _row2 128). ROUNDS_AHEAD:
  * 256-element rounds of both rows a thread requests before it uses the
  * first. On the H200 (seed 777, rows of 4096; docs/PERFORMANCE.md, Row
  * kernels): _row2, all 16 rounds of h = 4096 ahead, 2.66 us at
  * T = 1, 3.03 at T = 8; _row at 4 blocks per SM and 8 ahead 3.10 at T = 8
- * and 5.16 at T = 32, but it ends at T = 33, after which the small tiles
- * take 7.9; at 6 per SM and 4 ahead (80 registers) 5.19 at T = 32 and 6.77
- * at T = 48, so it reaches T = 49 (at 8 per SM: 7.09 at T = 48, 8.84 at
- * 64, against 7.9 for the small tiles; 16 ahead took 220 registers). */
+ * and 5.16 at T = 32; at 6 per SM and 4 ahead (80 registers) 5.19 at
+ * T = 32 and 6.77 at T = 48 (at 8 per SM: 7.09 at T = 48, 8.84 at 64,
+ * against 7.9 for the small tiles; 16 ahead took 220 registers). */
 #define TOVL_CUDA_LMHEAD_ROW_THREADS 128
 #ifndef TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_ROW_BLOCKS_PER_SM 6
@@ -115,19 +117,20 @@
  * max_n capped at 65535), both rows staged into shared memory STAGE_ROUNDS
  * 256-element rounds at a time (17 KB with 16), BLOCKS_PER_SM resident to
  * an SM (also its register cap: 64). The host takes it first, while its
- * grid is at most GRID_PER_SM blocks per SM: two rounds. On the H200 (seeds
- * 777 and 4242; docs/PERFORMANCE.md) 1.58 / 2.55 / 3.29-3.42 us at T = 1 / 8
- * / 16, 4.02-4.17 at T = 24, 4.78-5.19 at T = 32 (1.94 rounds) against
- * row's 5.19-5.21, 6.10-6.23 at T = 40 against row's 5.98-6.02; 12 to an SM
- * 4.96-5.19 at T = 32; chunks of 8 rounds 1.99 / 2.88 / 3.60 at T = 1 / 8 /
- * 16; two or four cells a block sharing the staged hidden row 2.26 / 2.83 /
- * 3.78 and 2.66 / 2.91 / 3.98. */
+ * grid is at most GRID_PER_SM blocks per SM: four rounds. On the H200 (seeds
+ * 777 and 4242; docs/PERFORMANCE.md) 1.60 / 2.37-2.42 / 2.96-3.08 us at
+ * T = 1 / 8 / 16, 4.38-4.61 at 32, 6.00-6.02 at 48 against row's 6.78-6.81,
+ * 7.35-7.52 at 64 (3.9 rounds) against the small tiles' 7.89-7.93; 12 to an
+ * SM within 0.05 us of 8 at every T from 1 to 48; chunks of 8 rounds 1.99 /
+ * 2.88 / 3.60 at T = 1 / 8 / 16 (staged in one group); two or four cells a
+ * block sharing the staged hidden row 2.26 / 2.83 / 3.78 and 2.66 / 2.91 /
+ * 3.98. */
 #define TOVL_CUDA_LMHEAD_ROW4_THREADS 128
 #ifndef TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM 8
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 2)
+#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 4)
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16
