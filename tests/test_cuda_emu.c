@@ -8,11 +8,13 @@
  * rows, 700 slots). Needs no GPU: this is how
  * the kernels' logic and dot order are verified where CI has no NVIDIA GPU.
  * Threads resume in a random order after each barrier (seeded), so a missing
- * barrier shows up as a mismatch.
+ * barrier shows up as a mismatch; a cp.async lands only at its thread's
+ * wait, so a missing or short wait does too.
  */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "conform.h"
 #include "cuda/emu/cuda_emu_api.h"
@@ -90,6 +92,29 @@ static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_sc
     tu_rng r = tu_rng_for(sc->name);
     cuda_run_against_cpu(emu, sc, tu_next(&r));
     tovl_backend_close(emu);
+}
+
+/* The emulation's cp.async is asynchronous, as on a GPU: the destination does
+ * not hold the data before the issuing thread's wait, whatever barriers come
+ * between (emu_kernels.cpp's probe), so a kernel that reads its staged rows
+ * before waiting for them fails the conformance runs above. */
+Test(cuda_emu, cp_async_lands_at_the_issuing_threads_wait) {
+    _Alignas(16) unsigned char src[16], out[32];
+    tu_rng r = tu_rng_for("cuda_emu_cp_async");
+    for (int i = 0; i < 16; i++) {
+        src[i] = (unsigned char)(0x10 + (tu_next(&r) % 0x80)); /* never the poison byte 0xA5 */
+    }
+    memset(out, 0, sizeof out);
+    const struct {
+        uint64_t src, out;
+    } args = {(uint64_t)(uintptr_t)src, (uint64_t)(uintptr_t)out};
+    cr_assert_eq(tovl_cuda_emu_launch("emu_probe_cp_async", (uint32_t[3]){1, 1, 1}, (uint32_t[3]){32, 1, 1}, &args,
+                                      tu_next(&r)),
+                 TOVL_OK, "%s", tovl_last_error());
+    for (int i = 0; i < 16; i++) {
+        cr_expect_eq(out[i], 0xA5, "byte %d before the wait: 0x%02x, expected the poison 0xa5", i, out[i]);
+        cr_expect_eq(out[16 + i], src[i], "byte %d after the wait: 0x%02x, expected 0x%02x", i, out[16 + i], src[i]);
+    }
 }
 
 /* The benchmark's shape: T = 512, h = 4096, 8 slots x 64 rows, on 132 SMs:

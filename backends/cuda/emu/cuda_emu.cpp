@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -85,13 +86,32 @@ constexpr unsigned MAX_WARP = 64;
 
 enum class State { Ready, Waiting, Done };
 
+/* A 16-byte cp.async in flight: its source is read when it is issued, its
+ * destination written when a wait completes its group. */
+struct AsyncCopy {
+    void *dst;
+    unsigned char data[16];
+};
+
 struct Fiber {
     Context context;
     std::vector<char> stack;
     emu_dim3 tid;
     unsigned warp = 0, lane = 0;
     State state = State::Ready;
+    std::vector<AsyncCopy> open;                 /* issued since the last commit */
+    std::deque<std::vector<AsyncCopy>> groups;   /* committed, oldest first */
 };
+
+/* Lands the copies of a fiber's oldest committed groups until `pending` are left. */
+void land_groups(Fiber &f, size_t pending) {
+    while (f.groups.size() > pending) {
+        for (const AsyncCopy &c : f.groups.front()) {
+            memcpy(c.dst, c.data, sizeof c.data);
+        }
+        f.groups.pop_front();
+    }
+}
 
 /* A barrier: the waiting fibers resume once `expected` have arrived. */
 struct Gate {
@@ -213,6 +233,10 @@ void fiber_entry() {
     Launch &L = *g_launch;
     L.kernel(L.args);
     Fiber *self = L.current;
+    /* Copies still in flight land after the thread (nothing reads them). */
+    self->groups.push_back(std::move(self->open));
+    self->open.clear();
+    land_groups(*self, 0);
     self->state = State::Done;
     L.done++;
     if (!L.block_gate.waiting.empty()) {
@@ -247,6 +271,8 @@ bool run_block() {
     for (Fiber &f : L.fibers) {
         context_start(f.context, f.stack, fiber_entry);
         f.state = State::Ready;
+        f.open.clear();
+        f.groups.clear();
     }
     std::vector<Fiber *> ready;
     for (;;) {
@@ -293,6 +319,28 @@ const emu_dim3 &grid_dim() {
 }
 unsigned warp_size() {
     return g_launch->warp;
+}
+
+void copy_async16(void *shared_dst, const void *global_src) {
+    check_aligned(shared_dst, 16);
+    check_aligned(global_src, 16);
+    AsyncCopy c;
+    c.dst = shared_dst;
+    memcpy(c.data, global_src, sizeof c.data);
+    g_launch->current->open.push_back(c);
+    /* Until a wait lands it, the destination reads as poison: code that
+     * reads it earlier (a wait or a barrier missing) sees wrong values. */
+    memset(shared_dst, ASYNC_POISON, sizeof c.data);
+}
+
+void copy_async_commit() {
+    Fiber &f = *g_launch->current;
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+
+void copy_async_wait(unsigned pending) {
+    land_groups(*g_launch->current, pending);
 }
 
 void syncthreads() {

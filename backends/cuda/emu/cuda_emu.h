@@ -9,7 +9,9 @@
  * AddressSanitizer); fibers switch only at barriers and
  * warp collectives, and after each barrier the waiting fibers resume in a
  * random order, so code that needs a barrier it lacks shows up as a
- * mismatch. A collective or __syncthreads that not every thread (or lane)
+ * mismatch. cp.async stays in flight until the issuing thread's wait (its
+ * destination reads as poison until then), so a missing or short wait shows
+ * up too. A collective or __syncthreads that not every thread (or lane)
  * reaches, a mask other than all lanes, or a misaligned vector access stops the
  * launch with an error. Floating point is the host's: IEEE single, round to
  * nearest even, subnormals kept (built with -ffp-contract=off).
@@ -78,6 +80,16 @@ uint32_t shfl_down(uint64_t mask, uint32_t bits, unsigned delta, unsigned width)
 uint32_t shfl_up(uint64_t mask, uint32_t bits, unsigned delta, unsigned width);
 uint32_t shfl_xor(uint64_t mask, uint32_t bits, unsigned lane_mask, unsigned width);
 void check_aligned(const void *p, size_t alignment);
+
+/* cp.async (sm_80 and newer), asynchronous as on the GPU: a copy's
+ * destination holds ASYNC_POISON bytes from its issue until a
+ * copy_async_wait of its thread lands the group it was committed in;
+ * __syncthreads lands nothing. Both addresses must be 16-byte aligned. */
+constexpr unsigned char ASYNC_POISON = 0xA5;
+void copy_async16(void *shared_dst, const void *global_src);
+void copy_async_commit();
+/* Lands this thread's committed groups but the newest `pending`. */
+void copy_async_wait(unsigned pending);
 
 template <typename T>
 inline uint32_t bits_of(T v) {

@@ -7,6 +7,35 @@
 
 #include "emu_kernels.h"
 
+/* A probe of the emulation itself (not a port's kernel): thread 0 issues a
+ * cp.async of 16 bytes from `src` into shared memory and commits it; after a
+ * barrier thread 1 reads the destination (out[0..15]); thread 0 waits for
+ * its group; after a second barrier thread 1 reads it again (out[16..31]).
+ * On a GPU the first read may see anything; the emulation gives poison. */
+struct emu_probe_cp_async_args {
+    uint64_t src, out;
+};
+static void emu_probe_cp_async(emu_probe_cp_async_args a) {
+    __shared__ uint4 slot;
+    const unsigned tid = threadIdx.x;
+    if (tid == 0) {
+        tovl_cuda::copy16_async(&slot, reinterpret_cast<const void *>(a.src));
+        tovl_cuda::copy_async_commit();
+    }
+    __syncthreads();
+    if (tid == 1) {
+        memcpy(reinterpret_cast<unsigned char *>(a.out), &slot, 16);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        tovl_cuda::copy_async_wait<0>();
+    }
+    __syncthreads();
+    if (tid == 1) {
+        memcpy(reinterpret_cast<unsigned char *>(a.out) + 16, &slot, 16);
+    }
+}
+
 namespace tovl_emu {
 
 #define TOVL_EMU_THUNK(kernel, args_type) \
@@ -28,6 +57,7 @@ static const struct {
     TOVL_EMU_THUNK(lmhead_overlay_f32_row2, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_bf16_row4, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_f32_row4, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(emu_probe_cp_async, emu_probe_cp_async_args),
 };
 
 KernelThunk find_kernel(const char *name) {

@@ -161,13 +161,15 @@ __device__ __forceinline__ void store16_global(void *p, uint4 v) {
 /* A 16-byte copy from global to shared memory that completes asynchronously
  * (cp.async, sm_80 and newer: it does not pass through registers); it is
  * visible to this thread after copy_async_wait, to the block after a barrier
- * that follows it. Both addresses 16-byte aligned. Older GPUs and the emulator
- * copy at once. */
+ * that follows it. Both addresses 16-byte aligned. Older GPUs copy at once;
+ * the emulator keeps the copy in flight until a wait (emu/cuda_emu.h). */
 __device__ __forceinline__ void copy16_async(void *shared_dst, const void *global_src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(shared_dst)),
                  "l"(global_src)
                  : "memory");
+#elif defined(TOVL_CUDA_EMU)
+    tovl_emu::copy_async16(shared_dst, global_src);
 #else
     store16(shared_dst, load16(global_src));
 #endif
@@ -177,6 +179,8 @@ __device__ __forceinline__ void copy16_async(void *shared_dst, const void *globa
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(TOVL_CUDA_EMU)
+    tovl_emu::copy_async_commit();
 #endif
 }
 
@@ -185,6 +189,8 @@ template <int PENDING>
 __device__ __forceinline__ void copy_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
+#elif defined(TOVL_CUDA_EMU)
+    tovl_emu::copy_async_wait(PENDING);
 #endif
 }
 
