@@ -21,24 +21,20 @@
 #include "test_cuda_common.h"
 #include "testutil.h"
 
-static tovl_backend *open_emu(const tovl_cuda_device_shape *shape, const char *salt) {
+/* The emulated backend on a device of `shape`, its lm_head launches as the
+ * backend chooses them (lmhead < 0) or always as that variant. */
+static tovl_backend *open_emu(const tovl_cuda_device_shape *shape, int lmhead, const char *salt) {
     tu_rng r = tu_rng_for(salt);
     tovl_backend *be = NULL;
-    cr_assert_eq(tovl_cuda_emu_backend_open(shape, tu_next(&r), &be), TOVL_OK, "%s", tovl_last_error());
+    const tovl_status st = lmhead < 0 ? tovl_cuda_emu_backend_open(shape, tu_next(&r), &be)
+                                      : tovl_cuda_emu_backend_open_variant(shape, (tovl_cuda_variant)lmhead,
+                                                                           tu_next(&r), &be);
+    cr_assert_eq(st, TOVL_OK, "%s", tovl_last_error());
     return be;
 }
 
-/* lm_head launches as the backend chooses them (lmhead < 0), or always as
- * that variant. */
 static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const char *salt) {
-    tovl_backend *ref = NULL, *emu = NULL;
-    if (lmhead < 0) {
-        emu = open_emu(shape, salt);
-    } else {
-        tu_rng r = tu_rng_for(salt);
-        cr_assert_eq(tovl_cuda_emu_backend_open_variant(shape, (tovl_cuda_variant)lmhead, tu_next(&r), &emu), TOVL_OK,
-                     "%s", tovl_last_error());
-    }
+    tovl_backend *ref = NULL, *emu = open_emu(shape, lmhead, salt);
     cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
     tu_rng r = tu_rng_for(salt);
     uint64_t seed = tu_next(&r);
@@ -87,11 +83,16 @@ Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){7}, -1, "cuda_emu_7");
 }
 
-static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_scenario *sc) {
-    tovl_backend *emu = open_emu(shape, sc->name);
+/* One scenario against the CPU, lm_head launched as open_emu says. */
+static void batch_on(const tovl_cuda_device_shape *shape, int lmhead, const cuda_scenario *sc) {
+    tovl_backend *emu = open_emu(shape, lmhead, sc->name);
     tu_rng r = tu_rng_for(sc->name);
     cuda_run_against_cpu(emu, sc, tu_next(&r));
     tovl_backend_close(emu);
+}
+
+static void batch_against_cpu(const tovl_cuda_device_shape *shape, const cuda_scenario *sc) {
+    batch_on(shape, -1, sc);
 }
 
 /* The emulation's cp.async is asynchronous, as on a GPU: the destination does
@@ -148,14 +149,8 @@ Test(cuda_emu, bench_shape_t8_t40_t300, .timeout = 900) {
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
-    const cuda_scenario row = {"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false};
-    tu_rng r = tu_rng_for(row.name);
-    tovl_backend *emu = NULL;
-    cr_assert_eq(tovl_cuda_emu_backend_open_variant(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW,
-                                                    tu_next(&r), &emu),
-                 TOVL_OK, "%s", tovl_last_error());
-    cuda_run_against_cpu(emu, &row, tu_next(&r));
-    tovl_backend_close(emu);
+    batch_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW,
+             &(cuda_scenario){"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two

@@ -103,6 +103,12 @@ struct Fiber {
     std::deque<std::vector<AsyncCopy>> groups;   /* committed, oldest first */
 };
 
+/* Closes a fiber's open group of copies (cp.async.commit_group). */
+void commit_open(Fiber &f) {
+    f.groups.push_back(std::move(f.open));
+    f.open.clear();
+}
+
 /* Lands the copies of a fiber's oldest committed groups until `pending` are left. */
 void land_groups(Fiber &f, size_t pending) {
     while (f.groups.size() > pending) {
@@ -234,8 +240,7 @@ void fiber_entry() {
     L.kernel(L.args);
     Fiber *self = L.current;
     /* Copies still in flight land after the thread (nothing reads them). */
-    self->groups.push_back(std::move(self->open));
-    self->open.clear();
+    commit_open(*self);
     land_groups(*self, 0);
     self->state = State::Done;
     L.done++;
@@ -334,9 +339,7 @@ void copy_async16(void *shared_dst, const void *global_src) {
 }
 
 void copy_async_commit() {
-    Fiber &f = *g_launch->current;
-    f.groups.push_back(std::move(f.open));
-    f.open.clear();
+    commit_open(*g_launch->current);
 }
 
 void copy_async_wait(unsigned pending) {
