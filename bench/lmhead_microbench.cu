@@ -102,7 +102,7 @@ static dim3 dim3_of(const uint32_t (&v)[3]) {
     return dim3(v[0], v[1], v[2]);
 }
 
-/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small|row|row2|row4
+/* The lm_head kernel and shape the backend would launch. TOVL_MB_FORCE=large|small|row|row2|row4|row4q
  * launches that variant instead, to compare them. */
 typedef void (*LmKernel)(tovl_lmhead_overlay_args);
 struct LmLaunch {
@@ -115,7 +115,8 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     tovl_cuda_launch shape =
         native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, {(uint32_t)sm_count()});
     if (const char *force = getenv("TOVL_MB_FORCE")) {
-        const tovl_cuda_variant v = strcmp(force, "row4") == 0    ? TOVL_CUDA_VARIANT_ROW4
+        const tovl_cuda_variant v = strcmp(force, "row4q") == 0   ? TOVL_CUDA_VARIANT_ROW4Q
+                                    : strcmp(force, "row4") == 0  ? TOVL_CUDA_VARIANT_ROW4
                                     : strcmp(force, "row2") == 0  ? TOVL_CUDA_VARIANT_ROW2
                                     : strcmp(force, "row") == 0   ? TOVL_CUDA_VARIANT_ROW
                                     : strcmp(force, "small") == 0 ? TOVL_CUDA_VARIANT_SMALL
@@ -130,8 +131,9 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
         {lmhead_overlay_bf16_small, lmhead_overlay_f32_small},
         {lmhead_overlay_bf16_row, lmhead_overlay_f32_row},
         {lmhead_overlay_bf16_row2, lmhead_overlay_f32_row2},
-        {lmhead_overlay_bf16_row4, lmhead_overlay_f32_row4}};
-    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large", "small", "row", "row2", "row4"};
+        {lmhead_overlay_bf16_row4, lmhead_overlay_f32_row4},
+        {lmhead_overlay_bf16_row4q, lmhead_overlay_f32_row4q}};
+    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large", "small", "row", "row2", "row4", "row4q"};
     LmLaunch l;
     l.fn = kernels[shape.variant][f32];
     l.variant = names[shape.variant];

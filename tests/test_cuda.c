@@ -129,7 +129,7 @@ Test(cuda_geometry, rowdiff_and_embed) {
 /* The tiles: a block per (8 rows of a slot, BN overlay rows), x = ceil(T / 8)
  * + min(max_loras, T), BN = 8 for both tile variants (they differ in occupancy
  * and ring depth). The row variants: a block per (row, 4, 2 or 1 overlay
- * rows; row4 four warps for one). */
+ * rows; row4 and row4q four warps for 2 and 4). */
 static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cuda_variant variant, uint32_t x,
                            uint32_t y, uint32_t z) {
     cr_expect(l->variant == variant, "%s: variant %s, expected %s", what, tovl_cuda_variant_names[l->variant],
@@ -137,7 +137,7 @@ static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cud
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "%s: grid %u x %u x %u, expected %u x %u x %u",
               what, l->grid[0], l->grid[1], l->grid[2], x, y, z);
     const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
-                     variant == TOVL_CUDA_VARIANT_ROW4;
+                     variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q;
     cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256, "%s: block size", what);
 }
 #define expect_grid(l, variant, x, y, z) expect_grid_of(#variant, l, variant, x, y, z)
@@ -160,19 +160,25 @@ static const struct {
     const char *why;
 } lmhead_choices[] = {
     {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
-    {96, 64, TOVL_CUDA_VARIANT_PLAIN, {20, 8, 1}, "20 x 8 small tiles would not each get an SM"},
-    {300, 16, TOVL_CUDA_VARIANT_SMALL, {46, 2, 1}, "46 x 2 small tiles, one per SM"},
+    {133, 64, TOVL_CUDA_VARIANT_PLAIN, {25, 8, 1}, "past row4q: 25 x 8 small tiles would not each get an SM"},
+    {800, 8, TOVL_CUDA_VARIANT_SMALL, {108, 1, 1}, "108 small tiles, one per SM"},
+    {992, 8, TOVL_CUDA_VARIANT_SMALL, {132, 1, 1}, "the small tiles' last size over 8 overlay rows"},
+    {400, 16, TOVL_CUDA_VARIANT_SMALL, {58, 2, 1}, "58 x 2 small tiles, one per SM"},
     {464, 16, TOVL_CUDA_VARIANT_SMALL, {66, 2, 1}, "the small tiles' last size over 16 overlay rows"},
-    {465, 16, TOVL_CUDA_VARIANT_PLAIN, {67, 2, 1}, "67 x 2 small tiles would not each get an SM"},
-    /* row4 (1 overlay row a block) while its grid is at most four rounds of
-     * 8 to an SM (4224), up to 66 x 64; row and row2 are never taken. */
-    {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 64, 1}, "a decode step"},
-    {16, 64, TOVL_CUDA_VARIANT_ROW4, {16, 64, 1}, "row4 in one round"},
-    {64, 64, TOVL_CUDA_VARIANT_ROW4, {64, 64, 1}, "row4 in four rounds"},
-    {66, 64, TOVL_CUDA_VARIANT_ROW4, {66, 64, 1}, "row4's last size"},
-    {67, 64, TOVL_CUDA_VARIANT_PLAIN, {17, 8, 1}, "past row4: 17 x 8 small tiles would not each get an SM"},
-    {264, 16, TOVL_CUDA_VARIANT_ROW4, {264, 16, 1}, "row4's last size over 16 overlay rows"},
-    {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 3, 1}, "3 overlay rows: 3 columns of row4"},
+    {529, 16, TOVL_CUDA_VARIANT_PLAIN, {75, 2, 1}, "past row4q over 16 overlay rows"},
+    /* row4 (2 overlay rows a block) up to 6 cells (T x max_n) per SM (792);
+     * row4q (4) up to 48 (6336), or 64 (8448) where the small tiles would
+     * not each get an SM; row and row2 are never taken. */
+    {1, 64, TOVL_CUDA_VARIANT_ROW4, {1, 32, 1}, "a decode step"},
+    {12, 64, TOVL_CUDA_VARIANT_ROW4, {12, 32, 1}, "row4's last size"},
+    {13, 64, TOVL_CUDA_VARIANT_ROW4Q, {13, 16, 1}, "past row4: row4q"},
+    {64, 64, TOVL_CUDA_VARIANT_ROW4Q, {64, 16, 1}, "row4q"},
+    {99, 64, TOVL_CUDA_VARIANT_ROW4Q, {99, 16, 1}, "48 cells per SM"},
+    {132, 64, TOVL_CUDA_VARIANT_ROW4Q, {132, 16, 1}, "row4q's last size, 24 x 8 small tiles would not fit"},
+    {300, 16, TOVL_CUDA_VARIANT_ROW4Q, {300, 4, 1}, "row4q over 16 overlay rows"},
+    {465, 16, TOVL_CUDA_VARIANT_ROW4Q, {465, 4, 1}, "row4q where 67 x 2 small tiles would not each get an SM"},
+    {993, 8, TOVL_CUDA_VARIANT_ROW4Q, {993, 2, 1}, "row4q where 133 small tiles would not each get an SM"},
+    {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 2, 1}, "3 overlay rows: 2 columns of row4"},
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
 };
 
@@ -202,7 +208,9 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW2, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_ROW2, 64, 32, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, &a, &l), TOVL_OK);
-    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4, 64, 64, 1);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4, 64, 32, 1);
+    cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4Q, &a, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4Q, 64, 16, 1);
     cr_assert_eq(tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, &a, &l), TOVL_OK);
     expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 16, 8, 1);
 }
@@ -307,9 +315,9 @@ Test(cuda, hooks_match_the_cpu_on_gpu_sized_batches, .timeout = 900) {
     tovl_backend_close(be);
 }
 
-/* Each lm_head variant the host takes on an H200-sized GPU: row4 (T = 8, 32,
- * 64), the small tiles (T = 300 over 16 overlay rows) and the large tiles
- * (T = 512). */
+/* Each lm_head variant the host takes on an H200-sized GPU: row4 (T = 8),
+ * row4q (T = 32, 64), the small tiles (T = 400 over 16 overlay rows) and the
+ * large tiles (T = 512). */
 Test(cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {
     tovl_backend *be = open_cuda_or_skip();
     cuda_expect_hooks_wait(be);

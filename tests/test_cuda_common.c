@@ -396,9 +396,9 @@ void cuda_expect_hooks_wait(tovl_backend *be) {
     CUfunction slow_copy = NULL;
     CU_OK(cu->cuModuleLoadData(&module, slow_copy_ptx));
     CU_OK(cu->cuModuleGetFunction(&slow_copy, module, "slow_copy"));
-    /* On an H200: row4 (T = 8, 32, 64), the small tiles (T = 300 over 16
-     * rows), the large tiles (T = 512). */
-    const uint32_t sizes[][2] = {{8, 64}, {32, 64}, {64, 64}, {300, 16}, {512, 64}};
+    /* On an H200: row4 (T = 8), row4q (T = 32, 64), the small tiles (T = 400
+     * over 16 rows), the large tiles (T = 512). */
+    const uint32_t sizes[][2] = {{8, 64}, {32, 64}, {64, 64}, {400, 16}, {512, 64}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         expect_hooks_wait_at(be, cpu, slow_copy, stream, sizes[i][0], sizes[i][1]);
     }

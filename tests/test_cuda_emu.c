@@ -52,8 +52,9 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
 }
 
 /* Every lm_head variant through the whole suite, whatever the batch would
- * choose (the backend picks row4 for small batches, then the small tiles
- * where they give each block an SM, the large tiles beyond: cuda_geometry.c). */
+ * choose (the backend picks row4 and row4q for small batches, then the small
+ * tiles where they give each block an SM, the large tiles beyond:
+ * cuda_geometry.c). */
 Test(cuda_emu, conformance_large_tiles, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_PLAIN, "cuda_emu_large");
 }
@@ -74,8 +75,12 @@ Test(cuda_emu, conformance_row4, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW4, "cuda_emu_row4");
 }
 
+Test(cuda_emu, conformance_row4q, .timeout = 900) {
+    conform_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW4Q, "cuda_emu_row4q");
+}
+
 /* The backend's own choice on an H200's 132 SMs (the suite's small batches
- * take row4) and on 1, 5 and 7 SMs (most take the tiles). */
+ * take row4 or row4q) and on 1, 5 and 7 SMs (most take the tiles). */
 Test(cuda_emu, conformance_as_chosen, .timeout = 900) {
     conform_on(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_h200");
     conform_on(&(tovl_cuda_device_shape){1}, -1, "cuda_emu_1");
@@ -125,42 +130,54 @@ Test(cuda_emu, bench_shape_t512, .timeout = 900) {
                       &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* T = 64 of the benchmark: row4 in four rounds of its blocks. */
+/* T = 64 of the benchmark: row4q, a 64 x 16 grid. */
 Test(cuda_emu, bench_shape_t64, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t64", 64, 4096, 5000, 8, 8, 0, 1, 64, false, false});
 }
 
-/* Decode steps of the benchmark's shape: row4 (8 x 64 and 40 x 64 blocks of
- * four warps per overlay row); and the small tiles over 16 overlay rows
- * (T = 300: 46 x 2 tiles). */
-Test(cuda_emu, bench_shape_t8_t40_t300, .timeout = 900) {
+/* Decode steps of the benchmark's shape: row4 (T = 8: 8 x 32 blocks of four
+ * warps per two overlay rows) and row4q (T = 40: 40 x 16 blocks, four overlay
+ * rows each); row4q over 16 overlay rows (T = 300: 300 x 4) and the small
+ * tiles there (T = 400: 58 x 2 tiles). */
+Test(cuda_emu, bench_shape_t8_t40_t300_t400, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t8", 8, 4096, 5000, 8, 8, 0, 1, 64, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t40", 40, 4096, 5000, 8, 8, 0, 1, 64, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t300_r16", 300, 4096, 5000, 8, 8, 0, 1, 16, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"bench_t400_r16", 400, 4096, 5000, 8, 8, 0, 1, 16, false, false});
 }
 
 /* The row variants with slots past the first 32 (whose table cells they load
  * after the row's slot rather than picking them from the early loads), odd
- * h: T = 24 takes row4 (24 x 19 blocks); row (90 x 5) when asked for. */
+ * h: T = 24 takes row4 (24 x 10 blocks), T = 60 row4q (60 x 5, the last
+ * block of each row with three overlay rows of four); row (90 x 5) when
+ * asked for. */
 Test(cuda_emu, row_variants_slots_past_32, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_many_slots", 24, 130, 2000, 700, 3, 3, 256, 19, false, false});
+    batch_against_cpu(&(tovl_cuda_device_shape){132},
+                      &(cuda_scenario){"row4q_many_slots", 60, 130, 2000, 700, 3, 3, 256, 19, false, false});
     batch_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW,
              &(cuda_scenario){"row_many_slots", 90, 130, 2000, 700, 3, 3, 256, 19, false, false});
 }
 
 /* Rows longer than row4's staging chunk (4096 elements): h = 8200 is two
  * whole chunks and 8 elements, h = 5001 the same without 16-byte copies
- * (T = 6 x 19 rows: row4). */
+ * (T = 6 x 19 rows: row4; row4q when asked for, its last block of each row
+ * with three overlay rows of four). */
 Test(cuda_emu, row4_rows_past_one_chunk, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_h8200", 6, 8200, 3000, 8, 3, 0, 2, 19, false, false});
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"row4_h5001", 6, 5001, 3000, 8, 3, 0, 2, 19, false, false});
+    batch_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW4Q,
+             &(cuda_scenario){"row4q_h8200", 6, 8200, 3000, 8, 3, 0, 2, 19, false, false});
+    batch_on(&(tovl_cuda_device_shape){132}, TOVL_CUDA_VARIANT_ROW4Q,
+             &(cuda_scenario){"row4q_h5001", 6, 5001, 3000, 8, 3, 0, 2, 19, false, false});
 }
 
 /* A long batch: 2600 rows, about 65 row groups per slot, so collecting a

@@ -10,15 +10,15 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4"},
+     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4", "lmhead_overlay_bf16_row4q"},
     {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_row4"}};
+     "lmhead_overlay_f32_row4", "lmhead_overlay_f32_row4q"}};
 
 const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2",
-                                                                      "row4"};
+                                                                      "row4",        "row4q"};
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -78,21 +78,21 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
-                     variant == TOVL_CUDA_VARIANT_ROW4;
+    const bool row4 = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q;
+    const bool row = row4 || variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
     if (row) {
         if (a->T > GRID_X_MAX) {
             return tovl_error(TOVL_ERR_UNSUPPORTED, "cuda: lm_head row variant over %u rows (at most %u)", a->T,
                               GRID_X_MAX);
         }
-        set_dims(out, a->T,
-                 variant == TOVL_CUDA_VARIANT_ROW4 ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
+        set_dims(out, a->T, row4 ? TOVL_CUDA_LMHEAD_ROW4_THREADS : TOVL_CUDA_LMHEAD_ROW_THREADS);
     } else {
         /* The slots' groups of BM rows number at most ceil(T / BM) plus one
          * per slot that has rows; a block finds its group on the device. */
         set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4    ? 1
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4    ? TOVL_CUDA_LMHEAD_ROW4_ROWS
+                             : variant == TOVL_CUDA_VARIANT_ROW4Q ? TOVL_CUDA_LMHEAD_ROW4Q_ROWS
                              : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
                              : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
                              : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
@@ -102,33 +102,43 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
     return TOVL_OK;
 }
 
-/* The shapes (launch_shape.h), the first that fits:
- * - row4: a block per (row, overlay row), while its grid is at most four
- *   rounds of 8 blocks per SM. It reads each overlay row once per row rather
- *   than once per 8, so it is for small batches: on the H200 with 8 slots x
- *   64 rows 1.6-3.1 us at T = 1-16, 4.4-4.6 at 32, 6.0 at 48 (row 6.8) and
- *   7.4-7.5 at 64 (4096 blocks, against the small tiles' 7.9;
- *   docs/PERFORMANCE.md). row and row2 fit wherever row4 does and were
- *   slower there, so the host no longer takes them.
+/* The shapes (launch_shape.h), the first that fits, by the cells T x max_n
+ * per SM (on the H200 with 8 slots x 64 rows, docs/PERFORMANCE.md):
+ * - row4 (2 overlay rows a block) up to 6 cells per SM: 1.6-2.4 us at
+ *   T = 1-12, where row4q's blocks do twice the arithmetic each.
+ * - row4q (4 overlay rows a block) up to 48 cells per SM (T <= 99 with 64
+ *   rows on 132 SMs: 2.6 us at T = 16, 5.9 at 64, 8.0 at 96), below a round
+ *   of tiles; up to 64 where the tiles' grid has more blocks than SMs (9.9-
+ *   10.3 us at T = 128 against the large tiles' 11.8; 12.1 at T = 160
+ *   against 11.9). Both read each overlay row once per row rather than once
+ *   per 8 rows, which is why the tiles take the larger batches.
  * - small tiles, one block per SM, when every block of their grid gets an SM
  *   of its own. (Small whenever ceil(T / BM) full groups give fewer large
  *   tiles than SMs would leave T = 128 with about 170 small tiles for 132 SMs
  *   on the H200, two rounds: 15.6 us against 12.4; docs/PERFORMANCE.md,
  *   Designs measured and not kept.)
- * - large tiles, two blocks per SM: everything else. */
+ * - large tiles, two blocks per SM: everything else.
+ * row and row2 fit wherever row4 does and were slower there, so the host
+ * does not take them. */
 static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
                                  tovl_cuda_launch *out) {
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
+    const uint64_t cells = (uint64_t)a->T * a->max_n;
     tovl_status st;
-    if (a->T <= GRID_X_MAX) {
-        st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, a, out);
-        if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms * TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM) {
-            return st;
-        }
+    if (a->T <= GRID_X_MAX && cells <= sms * TOVL_CUDA_LMHEAD_ROW4_CELLS_PER_SM) {
+        return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, a, out);
     }
     st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_SMALL, a, out);
-    if (st != TOVL_OK || (uint64_t)out->grid[0] * out->grid[1] <= sms) {
+    if (st != TOVL_OK) {
         return st;
+    }
+    const bool tiles_fit = (uint64_t)out->grid[0] * out->grid[1] <= sms;
+    if (a->T <= GRID_X_MAX && (cells <= sms * TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM ||
+                               (!tiles_fit && cells <= sms * TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM_MAX))) {
+        return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4Q, a, out);
+    }
+    if (tiles_fit) {
+        return TOVL_OK;
     }
     return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, a, out);
 }

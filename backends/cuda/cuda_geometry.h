@@ -27,20 +27,22 @@ typedef enum tovl_cuda_kernel_id {
 extern const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT];
 
 /* This port's launch-shape variants of a kernel (launch_shape.h). Every
- * kernel has the plain one, under its spec name; lm_head also has four more. */
+ * kernel has the plain one, under its spec name; lm_head also has five more. */
 typedef enum tovl_cuda_variant {
     TOVL_CUDA_VARIANT_PLAIN = 0, /* lm_head: large tiles, two blocks per SM */
     TOVL_CUDA_VARIANT_SMALL,     /* lm_head: small tiles, a block per SM */
     TOVL_CUDA_VARIANT_ROW,       /* lm_head: a block per row and 4 overlay rows, a warp each */
     TOVL_CUDA_VARIANT_ROW2,      /* lm_head: a block per row and 2 overlay rows, two warps each */
-    TOVL_CUDA_VARIANT_ROW4,      /* lm_head: a block of four warps per row and overlay row */
+    TOVL_CUDA_VARIANT_ROW4,      /* lm_head: a block of four warps per row and 2 overlay rows */
+    TOVL_CUDA_VARIANT_ROW4Q,     /* lm_head: a block of four warps per row and 4 overlay rows */
     TOVL_CUDA_VARIANT_COUNT
 } tovl_cuda_variant;
 
 /* The function of kernel k's variant v in this port's module; NULL where the
  * kernel has no such variant. [k][TOVL_CUDA_VARIANT_PLAIN] is the spec name. */
 extern const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT];
-/* The variants in words, for messages: "large tiles", "small tiles", "row", "row2", "row4". */
+/* The variants in words, for messages: "large tiles", "small tiles", "row", "row2", "row4",
+ * "row4q". */
 extern const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT];
 extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
 

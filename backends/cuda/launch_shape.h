@@ -5,12 +5,12 @@
  *
  *   rowdiff           a warp per row, ROWDIFF_THREADS / 32 rows per block
  *   embed_overlay     a block of EMBED_THREADS per token
- *   lmhead_overlay_*  five variants (cuda_geometry.c chooses):
- *                     row4, row2 and row (small batches; the host takes
- *                     row4, the other two run when asked for): a block
- *                     per (row t, 1, 2 or 4 overlay rows of its slot),
- *                     grid (T, ceil(max_n / cells)); each overlay row is
- *                     read once per row.
+ *   lmhead_overlay_*  six variants (cuda_geometry.c chooses):
+ *                     row4, row4q, row2 and row (small batches; the host
+ *                     takes row4 and row4q, the other two run when asked
+ *                     for): a block per (row t, 1, 2 or 4 overlay rows of
+ *                     its slot), grid (T, ceil(max_n / cells)); each
+ *                     overlay row is read once per row.
  *                     small and large tiles: a block per (group of BM rows
  *                     of one slot, BN overlay rows): grid (ceil(T / BM) +
  *                     min(max_loras, T), ceil(max_n / BN) capped at 65535
@@ -32,8 +32,8 @@
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
  * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: and
- * row4). */
-#define TOVL_CUDA_PORT_ABI 11
+ * row4; 12: row4 two overlay rows a block, and row4q). */
+#define TOVL_CUDA_PORT_ABI 12
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -112,25 +112,45 @@
 #define TOVL_CUDA_LMHEAD_ROW2_ROUNDS_AHEAD 16
 #endif
 
-/* The "row4" variant (lmhead_row.cuh) for decode batches: a block of
- * ROW4_THREADS (four warps) per (row t, overlay row of its slot), grid (T,
- * max_n capped at 65535), both rows staged into shared memory STAGE_ROUNDS
- * 256-element rounds at a time (17 KB with 16), BLOCKS_PER_SM resident to
- * an SM (also its register cap: 64). The host takes it first, while its
- * grid is at most GRID_PER_SM blocks per SM: four rounds. On the H200 (seeds
- * 777 and 4242; docs/PERFORMANCE.md) 1.60 / 2.37-2.42 / 2.96-3.08 us at
- * T = 1 / 8 / 16, 4.38-4.61 at 32, 6.00-6.02 at 48 against row's 6.78-6.81,
- * 7.35-7.52 at 64 (3.9 rounds) against the small tiles' 7.89-7.93; 12 to an
- * SM within 0.05 us of 8 at every T from 1 to 48; chunks of 8 rounds 1.99 /
- * 2.88 / 3.60 at T = 1 / 8 / 16 (staged in one group); two or four cells a
- * block sharing the staged hidden row 2.26 / 2.83 / 3.78 and 2.66 / 2.91 /
- * 3.98. */
+/* The "row4" and "row4q" variants (lmhead_row.cuh) for decode batches: a
+ * block of ROW4_THREADS (four warps) per (row t, ROWS overlay rows of its
+ * slot: 2 for row4, 4 for row4q), grid (T, ceil(max_n / ROWS) capped at
+ * 65535), the hidden row and the overlay rows staged into shared memory
+ * STAGE_ROUNDS 256-element rounds at a time (26 KB a block with 16 for
+ * row4, 44 KB for row4q), each thread two lanes of every cell, so each
+ * hidden-row word it unpacks serves ROWS cells. BLOCKS_PER_SM resident to
+ * an SM (also the register cap). The host takes row4 while T x max_n is at
+ * most ROW4_CELLS_PER_SM cells per SM, row4q while it is at most
+ * ROW4Q_CELLS_PER_SM, or ROW4Q_CELLS_PER_SM_MAX where the tiles would need
+ * more blocks than SMs. On the H200 (seeds 777 and 4242, 8 slots x 64
+ * rows; docs/PERFORMANCE.md) one overlay row a block took 1.60-1.64 /
+ * 2.28-2.31 / 2.78-2.89 / 2.95-3.12 / 4.50-4.73 / 7.53-7.73 us at T = 1 /
+ * 8 / 12 / 16 / 32 / 64; two 1.60-1.62 / 2.01-2.09 / 2.36-2.38 / 2.62-2.75
+ * / 3.71-3.72 / 6.28-6.37; four 1.84 / 2.05-2.09 / 2.52-2.54 / 2.57-2.63 /
+ * 3.60-3.62 / 5.93-5.97, 9.92-10.29 at 128 (large tiles 11.82-11.86) and
+ * 12.12-12.13 at 160 (11.86). Two overlay rows a block with four warps
+ * each (eight warps, one cell a thread): no faster than one. */
 #define TOVL_CUDA_LMHEAD_ROW4_THREADS 128
+#ifndef TOVL_CUDA_LMHEAD_ROW4_ROWS
+#define TOVL_CUDA_LMHEAD_ROW4_ROWS 2
+#endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM 8
 #endif
-#ifndef TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM
-#define TOVL_CUDA_LMHEAD_ROW4_GRID_PER_SM (TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM * 4)
+#ifndef TOVL_CUDA_LMHEAD_ROW4Q_ROWS
+#define TOVL_CUDA_LMHEAD_ROW4Q_ROWS 4
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4Q_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4Q_BLOCKS_PER_SM 4
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4_CELLS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4_CELLS_PER_SM 6
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM
+#define TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM 48
+#endif
+#ifndef TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM_MAX
+#define TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM_MAX 64
 #endif
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16

@@ -57,6 +57,8 @@ static const struct {
     TOVL_EMU_THUNK(lmhead_overlay_f32_row2, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_bf16_row4, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_f32_row4, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_bf16_row4q, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_f32_row4q, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(emu_probe_cp_async, emu_probe_cp_async_args),
 };
 

@@ -1,5 +1,5 @@
 /*
- * lmhead_overlay_{bf16,f32}_row, _row2 and _row4: the lm_head hook for small batches
+ * lmhead_overlay_{bf16,f32}_row, _row2, _row4 and _row4q: the lm_head hook for small batches
  * (decode steps), where the tiles of lmhead_overlay.cuh (8 rows of one slot x
  * 8 overlay rows) are mostly empty and every tile costs the same ~8 us on the
  * H200 however few rows it holds. Same contract and same bits:
@@ -12,8 +12,9 @@
  * W = 2: _row2, 2 cells a block, each thread half the lanes, so a cell's
  * loads are in flight in half the round trips). Each overlay row is read
  * once per row t rather than once per 8, which is why these win only while
- * the batch is small (the host's choice, cuda_geometry.c). _row4, at the
- * end of this file, gives each cell a block of four warps of its own.
+ * the batch is small (the host's choice, cuda_geometry.c). _row4 and
+ * _row4q, at the end of this file, give 2 and 4 cells of one row a block of
+ * four warps.
  *
  * The dot order. Thread p of warp u (0 <= u < W) of a cell holds the spec's
  * lanes 256 u / W + L p .. + L - 1, L = 8 / W: for each 256-element round j
@@ -242,45 +243,54 @@ __device__ void lmhead_overlay_row(const tovl_lmhead_overlay_args &a) {
 }
 
 
-/* _row4 (decode batches): a block of four warps per cell (row t, overlay
- * row k), the work of one program of the closest prior design (vLLM PR
- * #55796: docs/PERFORMANCE.md) in the spec's order. The block copies both
- * rows into shared memory by cp.async, 16-byte copies that hold no
- * registers while they are in flight (so 8 blocks share an SM), a chunk of
- * STAGE_ROUNDS 256-element rounds at a time (h = 4096 in one), as JOBS
- * groups of copies, each computed once it has landed while the later ones
- * are in flight; thread q takes the lanes 2q and 2q + 1 of every round from
- * there, one pair word of each row, so each lane's sum runs over increasing
- * i, with no check against h in a chunk that lies inside the row. On the
- * H200 (seeds 777 and 4242) that took T = 8 from 2.55 to 2.36-2.42 us, 16
- * from 3.30-3.42 to 2.98-3.10, 32 from 4.95-5.19 to 4.38-4.58
- * (docs/PERFORMANCE.md). The tree: the 256 sums through shared memory, then
- * warp 0 runs strides 128, 64, 32 in registers (thread p holds lanes
- * p + 32 i) and 16 .. 1 by shuffles.
- * Blocks past CUDA's y limit take k + gridDim.y, ... too; the hidden row is
- * staged once for them when it fits a chunk.
- * On the H200 (bench workload, seed 777): 1.73 / 2.68 / 3.47 us at T = 1 /
- * 8 / 16 against row2's 2.67 / 3.04 / 3.70. With four warps that load
- * their own lanes as 4-byte words instead of staging, 2.93 / 3.57 / 5.58;
- * with 16-byte loads into registers and the lane sums relayed warp to warp
- * in round order, 2.39 / 3.03 / 4.11 (docs/PERFORMANCE.md). */
-struct LmheadRow4 {
+/* _row4 and _row4q (decode batches): a block of four warps per row t and
+ * ROWS of its overlay rows k0 .. k0 + ROWS - 1 (2 for _row4, 4 for _row4q),
+ * in the spec's order. The block copies the hidden row and the overlay rows
+ * into shared memory by cp.async, 16-byte copies that hold no registers
+ * while they are in flight, a chunk of STAGE_ROUNDS 256-element rounds at a
+ * time (h = 4096 in one), as JOBS groups of copies, each computed once it
+ * has landed while the later ones are in flight; thread q takes the lanes 2q
+ * and 2q + 1 of every round of every cell from there: one pair word of the
+ * hidden row, unpacked once for the ROWS cells, and one of each overlay row,
+ * so each lane's sum runs over increasing i, with no check against h in a
+ * chunk that lies inside the row. Sharing the hidden row's words over the
+ * cells is what pays: on the H200 (seeds 777 and 4242; docs/PERFORMANCE.md)
+ * one cell a block took 2.28-2.31 / 2.95-3.12 / 4.50-4.73 / 7.53-7.73 us at
+ * T = 8 / 16 / 32 / 64, two 2.01-2.09 / 2.62-2.75 / 3.71-3.72 / 6.28-6.37,
+ * four 2.05-2.09 / 2.57-2.63 / 3.60-3.62 / 5.93-5.97; two cells a block of
+ * eight warps, each thread one cell's lanes, no faster than one. An overlay
+ * row past n is neither staged nor stored (its sums are garbage).
+ * The trees: each cell's 256 sums through shared memory, then warp u runs
+ * the trees of cells u, u + 4, ...: strides 128, 64, 32 in registers (thread
+ * p holds lanes p + 32 i) and 16 .. 1 by shuffles.
+ * Blocks past CUDA's y limit take k0 + ROWS gridDim.y, ... too; the hidden
+ * row is staged once for them when it fits a chunk.
+ * With four warps per cell that load their own lanes as 4-byte words
+ * instead of staging, 2.93 / 3.57 / 5.58 us at T = 1 / 8 / 16; with 16-byte
+ * loads into registers and the lane sums relayed warp to warp in round
+ * order, 2.39 / 3.03 / 4.11 (docs/PERFORMANCE.md). */
+template <uint32_t ROWS_, uint32_t BLOCKS_PER_SM_>
+struct LmheadRow4Config {
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_ROW4_THREADS;
+    static constexpr uint32_t ROWS = ROWS_; /* overlay rows (cells) a block */
     static constexpr uint32_t CHUNK = TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS * TOVL_DOT_LANES; /* elements of a row */
-    static constexpr uint32_t BLOCKS_PER_SM = TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM;
+    static constexpr uint32_t BLOCKS_PER_SM = BLOCKS_PER_SM_;
+    static_assert(ROWS >= 1, "one overlay row at least");
     static_assert(THREADS * 2 == TOVL_DOT_LANES, "two of the spec's lanes a thread");
     static_assert(CHUNK / 8 % THREADS == 0, "every thread stages the same number of vectors");
     /* A job: one 16-byte vector of each row per thread, JOB_ROUNDS rounds of the chunk. */
     static constexpr uint32_t JOBS = CHUNK / 8 / THREADS, JOB_ROUNDS = CHUNK / TOVL_DOT_LANES / JOBS;
     static_assert(JOBS >= 1 && JOBS <= 8, "copy_async_wait_n counts up to 7 groups in flight");
 };
+using LmheadRow4 = LmheadRow4Config<TOVL_CUDA_LMHEAD_ROW4_ROWS, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM>;
+using LmheadRow4Q = LmheadRow4Config<TOVL_CUDA_LMHEAD_ROW4Q_ROWS, TOVL_CUDA_LMHEAD_ROW4Q_BLOCKS_PER_SM>;
 
 template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
-    constexpr uint32_t CHUNK = C::CHUNK, THREADS = C::THREADS;
+    constexpr uint32_t CHUNK = C::CHUNK, THREADS = C::THREADS, R = C::ROWS;
     struct alignas(16) Stage {
-        uint16_t x[CHUNK], w[CHUNK];
-        float sums[TOVL_DOT_LANES];
+        uint16_t x[CHUNK], w[R][CHUNK];
+        float sums[R][TOVL_DOT_LANES];
     };
     __shared__ Stage stage;
     const uint32_t t = blockIdx.x, q = threadIdx.x, warp = q / WARP, lane = lane_id();
@@ -296,26 +306,47 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
     const bool x_kept = h <= CHUNK; /* staged once for all the block's cells */
     /* Block-uniform: every thread reaches each barrier below. */
-    for (uint32_t k = blockIdx.y; k < n; k += gridDim.y) {
-        const uint16_t *w = rows + (size_t)k * h;
-        uint32_t id = UINT32_MAX;
-        if (q == 0) {
-            id = ldg(ids + k); /* in flight with the staging */
+    for (uint32_t k0 = blockIdx.y * R; k0 < n; k0 += gridDim.y * R) {
+        /* Cell c: overlay row k0 + c, when it exists (a row past n is not
+         * staged; its sums are never stored). */
+        const uint16_t *w[R];
+        TOVL_UNROLL
+        for (uint32_t c = 0; c < R; c++) {
+            w[c] = rows + (size_t)(k0 + c) * h;
         }
-        float acc0 = 0.0f, acc1 = 0.0f;
+        /* Warp u runs the trees of cells u, u + 4, ...; its lane 0 fetches their ids. */
+        constexpr uint32_t WARPS = THREADS / WARP, TREES = (R + WARPS - 1) / WARPS;
+        uint32_t id[TREES];
+        TOVL_UNROLL
+        for (uint32_t m = 0; m < TREES; m++) {
+            const uint32_t c = warp + WARPS * m;
+            id[m] = UINT32_MAX;
+            if (lane == 0 && c < R && k0 + c < n) {
+                id[m] = ldg(ids + k0 + c); /* in flight with the staging */
+            }
+        }
+        float acc0[R], acc1[R];
+        TOVL_UNROLL
+        for (uint32_t c = 0; c < R; c++) {
+            acc0[c] = acc1[c] = 0.0f;
+        }
         for (uint32_t base = 0; base < h; base += CHUNK) {
-            const bool stage_x = !x_kept || k == blockIdx.y;
+            const bool stage_x = !x_kept || k0 == blockIdx.y * R;
             const bool whole = base + CHUNK <= h; /* no element of the chunk lies past h */
-            /* Rounds [r0, r1) of the staged chunk into this thread's two lane sums. */
+            /* Rounds [r0, r1) of the staged chunk into this thread's two lane sums of each cell. */
             const auto rounds = [&](uint32_t r0, uint32_t r1) {
                 if (whole) {
                     TOVL_UNROLL
                     for (uint32_t r = r0; r < r1; r++) {
                         const uint32_t i = r * TOVL_DOT_LANES + 2 * q;
                         const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
-                        const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
-                        acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
-                        acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                        const float x0 = pair_lo(xp), x1 = pair_hi(xp);
+                        TOVL_UNROLL
+                        for (uint32_t c = 0; c < R; c++) {
+                            const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w[c] + i);
+                            acc0[c] = __fadd_rn(acc0[c], __fmul_rn(x0, pair_lo(wp)));
+                            acc1[c] = __fadd_rn(acc1[c], __fmul_rn(x1, pair_hi(wp)));
+                        }
                     }
                     return;
                 }
@@ -323,12 +354,15 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                 for (uint32_t r = r0; r < r1; r++) {
                     const uint32_t i = r * TOVL_DOT_LANES + 2 * q, e = base + i;
                     const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
-                    const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w + i);
-                    if (e < h) {
-                        acc0 = __fadd_rn(acc0, __fmul_rn(pair_lo(xp), pair_lo(wp)));
-                    }
-                    if (e + 1 < h) {
-                        acc1 = __fadd_rn(acc1, __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                    TOVL_UNROLL
+                    for (uint32_t c = 0; c < R; c++) {
+                        const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w[c] + i);
+                        if (e < h) {
+                            acc0[c] = __fadd_rn(acc0[c], __fmul_rn(pair_lo(xp), pair_lo(wp)));
+                        }
+                        if (e + 1 < h) {
+                            acc1[c] = __fadd_rn(acc1[c], __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                        }
                     }
                 }
             };
@@ -342,7 +376,12 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                         if (stage_x) {
                             copy16_async(stage.x + i, x + e);
                         }
-                        copy16_async(stage.w + i, w + e);
+                        TOVL_UNROLL
+                        for (uint32_t c = 0; c < R; c++) {
+                            if (c == 0 || k0 + c < n) {
+                                copy16_async(stage.w[c] + i, w[c] + e);
+                            }
+                        }
                     }
                     copy_async_commit();
                 }
@@ -359,7 +398,12 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                         if (stage_x) {
                             stage.x[i] = ldg(x + base + i);
                         }
-                        stage.w[i] = ldg(w + base + i);
+                        TOVL_UNROLL
+                        for (uint32_t c = 0; c < R; c++) {
+                            if (c == 0 || k0 + c < n) {
+                                stage.w[c][i] = ldg(w[c] + base + i);
+                            }
+                        }
                     }
                 }
                 __syncthreads();
@@ -367,19 +411,27 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
             }
             __syncthreads(); /* the next chunk or cell stages over these */
         }
-        stage.sums[2 * q] = acc0;
-        stage.sums[2 * q + 1] = acc1;
+        TOVL_UNROLL
+        for (uint32_t c = 0; c < R; c++) {
+            stage.sums[c][2 * q] = acc0[c];
+            stage.sums[c][2 * q + 1] = acc1[c];
+        }
         __syncthreads();
-        /* The next launch may start while warp 0 runs the tree (it waits for
+        /* The next launch may start while the trees run (it waits for
          * this grid before it reads the logits): on the H200 (seed 777) 1.69
          * -> 1.59 us at T = 1, 2.64 -> 2.55 at 8, 3.51 -> 3.43 at 16. Once the
          * rows have landed instead: 1.77 / 2.86 / 3.50 (docs/PERFORMANCE.md). */
         grid_dependents_launch();
-        if (warp == 0) {
+        TOVL_UNROLL
+        for (uint32_t m = 0; m < TREES; m++) {
+            const uint32_t c = warp + WARPS * m;
+            if (c >= R || k0 + c >= n) {
+                break; /* uniform over the warp */
+            }
             float v[TOVL_DOT_LANES / WARP];
             TOVL_UNROLL
             for (uint32_t i = 0; i < TOVL_DOT_LANES / WARP; i++) {
-                v[i] = stage.sums[lane + WARP * i];
+                v[i] = stage.sums[c][lane + WARP * i];
             }
             TOVL_UNROLL
             for (uint32_t stride = TOVL_DOT_LANES / WARP / 2; stride >= 1; stride /= 2) {
@@ -392,12 +444,12 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
             for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
                 v[0] = __fadd_rn(v[0], __shfl_down_sync(FULL_MASK, v[0], d));
             }
-            if (lane == 0 && id < a.vocab) {
-                store_logit<F32_LOGITS>(a, t, id, v[0]);
+            if (lane == 0 && id[m] < a.vocab) {
+                store_logit<F32_LOGITS>(a, t, id[m], v[0]);
             }
         }
         /* `sums` is written again only after the next cell's first barrier,
-         * which warp 0 reaches once it has read it. */
+         * which the tree warps reach once they have read it. */
     }
 }
 
@@ -417,5 +469,7 @@ TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row2, lmhead_overlay_row, tovl_cu
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row2, lmhead_overlay_row, tovl_cuda::LmheadRow2, true)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row4, lmhead_overlay_row4, tovl_cuda::LmheadRow4, false)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row4, lmhead_overlay_row4, tovl_cuda::LmheadRow4, true)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row4q, lmhead_overlay_row4, tovl_cuda::LmheadRow4Q, false)
+TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row4q, lmhead_overlay_row4, tovl_cuda::LmheadRow4Q, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */
