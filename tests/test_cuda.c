@@ -298,10 +298,11 @@ static const cuda_scenario gpu_scenarios[] = {
     {"decode_t8", 8, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"decode_t32", 32, 4096, 32000, 8, 8, 0, 1, 64, false, false},
     {"row4_slots_past_32", 24, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"row4q_slots_past_32", 60, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"row_slots_past_32", 90, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"h100_misaligned_rows", 333, 100, 3001, 5, 4, 0, 1, 37, false, false},
     {"long_batch", 2600, 72, 3000, 6, 5, 1, 1, 21, false, false},
-    {"many_slot_windows", 300, 130, 2000, 700, 3, 3, 256, 19, false, false},
+    {"many_slot_windows", 450, 130, 2000, 700, 3, 3, 256, 19, false, false},
     {"active_slot", 700, 264, 4000, 4, 1, 2, 1, 40, true, false},
     {"many_rows", 40, 512, 50000, 2, 2, 0, 1, 3000, false, false},
 };
