@@ -8,8 +8,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <deque>
+#include <random>
 #include <string>
 #include <vector>
 

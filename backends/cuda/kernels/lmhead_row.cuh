@@ -354,21 +354,23 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
                 for (uint32_t r = r0; r < r1; r++) {
                     const uint32_t i = r * TOVL_DOT_LANES + 2 * q, e = base + i;
                     const uint32_t xp = *reinterpret_cast<const uint32_t *>(stage.x + i);
+                    const float x0 = pair_lo(xp), x1 = pair_hi(xp);
                     TOVL_UNROLL
                     for (uint32_t c = 0; c < R; c++) {
                         const uint32_t wp = *reinterpret_cast<const uint32_t *>(stage.w[c] + i);
                         if (e < h) {
-                            acc0[c] = __fadd_rn(acc0[c], __fmul_rn(pair_lo(xp), pair_lo(wp)));
+                            acc0[c] = __fadd_rn(acc0[c], __fmul_rn(x0, pair_lo(wp)));
                         }
                         if (e + 1 < h) {
-                            acc1[c] = __fadd_rn(acc1[c], __fmul_rn(pair_hi(xp), pair_hi(wp)));
+                            acc1[c] = __fadd_rn(acc1[c], __fmul_rn(x1, pair_hi(wp)));
                         }
                     }
                 }
             };
             if (vectors) {
                 /* Job j: this thread's 16-byte vector of each row in rounds
-                 * j R .. j R + R - 1, a cp.async group of its own. */
+                 * j JOB_ROUNDS .. (j + 1) JOB_ROUNDS - 1, a cp.async group of
+                 * its own. */
                 TOVL_UNROLL
                 for (uint32_t j = 0; j < C::JOBS; j++) {
                     const uint32_t i = 8 * (j * THREADS + q), e = base + i;
