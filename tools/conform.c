@@ -106,6 +106,8 @@ static const case_def hook_cases[] = {
     {"many_slots_64", 70, 72, 2048, 0, 64, 6, false, false, false, false, false, false, PROBE_NONE},
     {"many_slots_300", 96, 64, 4096, 0, 300, 3, false, false, false, false, false, false, PROBE_NONE},
     {"many_rows_one_slot", 6, 96, 5000, 0, 1, 1500, false, false, false, false, false, false, PROBE_NONE},
+    {"long_batch_600", 600, 72, 2000, 0, 5, 20, false, false, false, false, false, false, PROBE_NONE},
+    {"long_batch_2100", 2100, 40, 3000, 0, 3, 12, true, false, false, false, false, false, PROBE_NONE},
     {"subnormal_results", 12, 64, 200, 0, 2, 10, false, false, false, false, true, false, PROBE_NONE},
     {"slots_out_of_range", 64, 40, 300, 0, 3, 12, true, false, false, false, false, true, PROBE_NONE},
     {"fma_subnormal_tie", 16, 257, 100, 0, 2, 8, false, false, false, false, true, false, PROBE_ZEROS},
