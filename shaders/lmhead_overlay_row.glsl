@@ -7,22 +7,28 @@
 // reuses it for its TEAMS weight rows. Team g (32 invocations) computes cell
 // k = chunk * TEAMS + g; invocation q of a team owns the spec's logical lanes
 // 8q .. 8q+7 and adds elements i = 256 j + 8q + e (e = 0..7) in increasing j,
-// fed by 16-byte loads. The 256-lane tree then runs in shared memory with
-// workgroup barriers: no subgroup operation, so the bits do not depend on the
-// subgroup size.
+// fed by 16-byte loads. The 256-lane tree then runs in the shared memory the
+// hidden words were staged in (8 KiB in all: a second 8 KiB for the lanes took
+// T = 64 from 8.4 to 10.9 us on the H200, fewer workgroups to an SM), with
+// three workgroup barriers: invocation j of a team folds strides 128, 64, 32
+// of lanes j + 32 u in registers, then the team's first invocation folds
+// strides 16 .. 1 (a barrier per stride took 13.7 us: docs/PERFORMANCE.md). No
+// subgroup operation, so the bits do not depend on the subgroup size.
+#extension GL_EXT_control_flow_attributes : require
 #define TOVL_ARGS_LMHEAD_OVERLAY
 #include "common.glsl"
 #include "args.glsl"
 
-layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
-
 const uint LANES = 256u;       // the spec's logical dot lanes
 const uint TEAM = 32u;         // invocations per cell, 8 lanes each
-const uint TEAMS = 8u;         // cells per workgroup
-const uint XBLOCK = 4096u;     // hidden elements staged at a time (8 KiB)
+const uint TEAMS = 8u;         // cells per workgroup (VK_LMHEAD_CELLS_PER_GROUP)
+const uint INVOCATIONS = TEAMS * TEAM;
+layout(local_size_x = INVOCATIONS, local_size_y = 1, local_size_z = 1) in;
+const uint XBLOCK = 2u * TEAMS * LANES; // hidden elements staged at a time: as many bytes as the tree's lanes
 
-shared uvec4 hidden_block[XBLOCK / 8u];
-shared float lanes[TEAMS * LANES]; // 8 KiB: with hidden_block, the 16 KiB every device has
+// 8 KiB: the staged hidden words, then the tree's lanes (cell g's lane l at
+// word g * LANES + l), which fill it exactly.
+shared uvec4 pool[XBLOCK / 8u];
 
 // The 8 bf16 of a 16-byte word as f32, elements 0..3 and 4..7.
 vec4 low_four(uvec4 w) {
@@ -93,12 +99,12 @@ void main() {
         barrier(); // the previous block's readers are done
         if (wide) {
             U16x8Buf x8 = U16x8Buf(x_row);
-            for (uint m = tid; m < words; m += 256u) {
-                hidden_block[m] = x8.v[x0 / 8u + m];
+            for (uint m = tid; m < words; m += INVOCATIONS) {
+                pool[m] = x8.v[x0 / 8u + m];
             }
         } else {
-            for (uint m = tid; m < words * 4u; m += 256u) {
-                hidden_block[m / 4u][m % 4u] = load_pair(x_row, x0 + 2u * m, h);
+            for (uint m = tid; m < words * 4u; m += INVOCATIONS) {
+                pool[m / 4u][m % 4u] = load_pair(x_row, x0 + 2u * m, h);
             }
         }
         barrier();
@@ -112,36 +118,56 @@ void main() {
                     uvec4 w1 = w8.v[(x0 + g + LANES) / 8u];
                     uvec4 w2 = w8.v[(x0 + g + 2u * LANES) / 8u];
                     uvec4 w3 = w8.v[(x0 + g + 3u * LANES) / 8u];
-                    ACCUMULATE(hidden_block[g / 8u], w0);
-                    ACCUMULATE(hidden_block[(g + LANES) / 8u], w1);
-                    ACCUMULATE(hidden_block[(g + 2u * LANES) / 8u], w2);
-                    ACCUMULATE(hidden_block[(g + 3u * LANES) / 8u], w3);
+                    ACCUMULATE(pool[g / 8u], w0);
+                    ACCUMULATE(pool[(g + LANES) / 8u], w1);
+                    ACCUMULATE(pool[(g + 2u * LANES) / 8u], w2);
+                    ACCUMULATE(pool[(g + 3u * LANES) / 8u], w3);
                 }
             }
             for (; g < xn; g += LANES) {
                 uvec4 ww = wide ? U16x8Buf(w_row).v[(x0 + g) / 8u] : load_eight_scalar(w_row, x0 + g, h);
-                ACCUMULATE(hidden_block[g / 8u], ww);
+                ACCUMULATE(pool[g / 8u], ww);
             }
         }
     }
 
     // The tree of the spec: for stride 128 .. 1, lane l += lane l + stride.
-    uint base = team * LANES + 8u * q;
-    for (uint e = 0u; e < 4u; e++) {
-        lanes[base + e] = acc_low[e];
-        lanes[base + 4u + e] = acc_high[e];
-    }
+    const uint CELL_VECS = LANES / 4u; // a cell's lanes in pool vectors
+    barrier();                         // every team is done with the hidden words
+    pool[team * CELL_VECS + 2u * q] = floatBitsToUint(acc_low);
+    pool[team * CELL_VECS + 2u * q + 1u] = floatBitsToUint(acc_high);
     barrier();
-    for (uint stride = LANES / 2u; stride >= 1u; stride /= 2u) {
-        for (uint a = tid; a < TEAMS * stride; a += 256u) {
-            uint cell = (a / stride) * LANES + (a % stride);
-            precise float sum = lanes[cell] + lanes[cell + stride];
-            lanes[cell] = sum;
-        }
-        barrier();
+    // Strides 128, 64, 32: invocation q holds lanes q + 32 u (u = 0..7), so
+    // each pairs u with u + 4, 2, 1 and leaves lane q, written back to the
+    // word only it read.
+    precise float r[8];
+    [[unroll]] for (uint u = 0u; u < 8u; u++) {
+        uint word = team * LANES + q + TEAM * u;
+        r[u] = uintBitsToFloat(pool[word / 4u][word % 4u]);
     }
+    [[unroll]] for (uint stride = 4u; stride >= 1u; stride /= 2u) {
+        [[unroll]] for (uint u = 0u; u < stride; u++) {
+            r[u] = r[u] + r[u + stride];
+        }
+    }
+    uint own = team * LANES + q;
+    pool[own / 4u][own % 4u] = floatBitsToUint(r[0]);
+    barrier();
+    // Strides 16 .. 1 over lanes 0..31, by the team's first invocation.
     if (cell_live && q == 0u) {
-        float dot = lanes[team * LANES];
+        precise float p[32];
+        [[unroll]] for (uint v = 0u; v < 8u; v++) {
+            vec4 four = uintBitsToFloat(pool[team * CELL_VECS + v]);
+            [[unroll]] for (uint e = 0u; e < 4u; e++) {
+                p[4u * v + e] = four[e];
+            }
+        }
+        [[unroll]] for (uint stride = 16u; stride >= 1u; stride /= 2u) {
+            [[unroll]] for (uint j = 0u; j < stride; j++) {
+                p[j] = p[j] + p[j + stride];
+            }
+        }
+        float dot = p[0];
         uint64_t index = uint64_t(t) * args.ld + uint64_t(id);
 #if defined(TOVL_LOGITS_F32)
         U32Buf(element_address(args.logits, index, 4u)).v[0] = f32_out_bits(dot);
