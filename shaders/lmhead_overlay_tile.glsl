@@ -51,6 +51,7 @@ const uint ROW_VECS = ROW_WORDS / 4u;         // 16-byte vectors per row per chu
 const uint STAGE_WORDS = (BM + BN) * ROW_WORDS; // one chunk buffer: 8 KiB
 const uint ROUND = 16u;                       // cells per tree round
 const uint NO_ROW = 0xFFFFFFFFu;
+const uint PER_MAX = 8u;                      // rows an invocation scans per pass of the row collection
 
 // 16 KiB, the size every device has, shared by the phases: the pick and the
 // row scan, then two chunk buffers, then the tree's rounds (16 x 256 floats).
@@ -58,31 +59,40 @@ shared uint pool[2u * STAGE_WORDS];
 
 // Pool words of the pick and row-scan phases.
 const uint COUNT = 0u;   // [256] rows per slot of the window
-const uint SCAN_A = 256u; // [256] prefix-sum ping
-const uint SCAN_B = 512u; // [256] prefix-sum pong
+const uint SCAN_A = 256u; // [256] prefix-sum values
+const uint SCAN_B = 512u; // [16] prefix-sum run totals
 const uint PICK = 768u;  // found, slot, group
 const uint ROWS = 776u;  // [BM] the group's rows
 
-// Inclusive prefix sum of v over the workgroup (Hillis-Steele in the pool);
-// *total = the sum over all invocations. Called in uniform control flow.
+// Inclusive prefix sum of v over the workgroup in two levels: the sums of 16
+// runs of 16 invocations, then each invocation adds the runs before its own
+// and its run's values up to itself: three barriers where a Hillis-Steele
+// scan takes ten. *total = the sum over all invocations. Called in uniform
+// control flow.
+const uint RUN = 16u; // invocations per run; LANES / RUN runs
 uint inclusive_sum(uint v, out uint total) {
     uint tid = gl_LocalInvocationIndex;
-    uint src = SCAN_A, dst = SCAN_B;
-    pool[src + tid] = v;
+    pool[SCAN_A + tid] = v;
     barrier();
-    for (uint d = 1u; d < LANES; d *= 2u) {
-        uint x = pool[src + tid];
-        if (tid >= d) {
-            x += pool[src + tid - d];
+    if (tid < LANES / RUN) {
+        uint run_sum = 0u;
+        [[unroll]] for (uint i = 0u; i < RUN; i++) {
+            run_sum += pool[SCAN_A + RUN * tid + i];
         }
-        pool[dst + tid] = x;
-        barrier();
-        uint swap = src;
-        src = dst;
-        dst = swap;
+        pool[SCAN_B + tid] = run_sum;
     }
-    total = pool[src + LANES - 1u];
-    uint mine = pool[src + tid];
+    barrier();
+    uint run = tid / RUN;
+    uint mine = 0u;
+    total = 0u;
+    [[unroll]] for (uint i = 0u; i < LANES / RUN; i++) {
+        uint c = pool[SCAN_B + i];
+        mine += i < run ? c : 0u;
+        total += c;
+    }
+    [[unroll]] for (uint i = 0u; i < RUN; i++) {
+        mine += i <= tid % RUN ? pool[SCAN_A + RUN * run + i] : 0u;
+    }
     barrier(); // the caller reuses the pool
     return mine;
 }
@@ -201,14 +211,26 @@ void main() {
         pool[ROWS + tid] = NO_ROW;
     }
     barrier();
+    // Invocation tid scans `per` consecutive rows of each pass (up to
+    // PER_MAX), so a pass of LANES * per rows takes one prefix sum.
+    uint per = min((T + LANES - 1u) / LANES, PER_MAX);
     uint seen = 0u; // rows of slot s before this pass; the same in every invocation
-    for (uint base = 0u; base < T && seen < first + BM; base += LANES) {
-        uint t = base + tid;
-        bool mine = t < T && row_slot(args.row_slots, args.active_slot, t) == int(s);
+    for (uint base = 0u; base < T && seen < first + BM; base += LANES * per) {
+        uint t0 = base + tid * per;
+        uint matches = 0u; // bit i: row t0 + i is slot s's
+        for (uint i = 0u; i < per; i++) {
+            uint t = t0 + i;
+            if (t < T && row_slot(args.row_slots, args.active_slot, t) == int(s)) {
+                matches |= 1u << i;
+            }
+        }
         uint total;
-        uint rank = seen + inclusive_sum(mine ? 1u : 0u, total) - 1u;
-        if (mine && rank >= first && rank < first + BM) {
-            pool[ROWS + rank - first] = t;
+        uint rank = seen + inclusive_sum(uint(bitCount(matches)), total) - uint(bitCount(matches));
+        for (; matches != 0u; matches &= matches - 1u) {
+            if (rank >= first && rank < first + BM) {
+                pool[ROWS + rank - first] = t0 + uint(findLSB(matches));
+            }
+            rank++;
         }
         seen += total;
     }
