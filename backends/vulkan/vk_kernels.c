@@ -198,11 +198,10 @@ tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
 }
 
 /* The lm_head tiles take over from the rows at this batch size (AUTO). On
- * the H200 with 8 slots x 64 rows, with the ALL_COMMANDS barriers of before
- * (2.8 us more a dispatch), the rows took 9.6, 10.7, 16.3 us at T = 16, 32,
- * 64 and the tiles 13.7, 13.9, 14.0; with today's barriers the rows took 6.8,
- * 7.9, 9.1 us at T = 16, 32, 48 (docs/PERFORMANCE.md, Vulkan). */
-#define VK_LMHEAD_TILE_MIN_T 56
+ * the H200 with 8 slots x 64 rows the rows took 8.4, 10.2, 14.1, 15.6 us at
+ * T = 64, 96, 128, 160 and the tiles 11.1, 11.1, 15.1, 15.2
+ * (docs/PERFORMANCE.md, Vulkan). */
+#define VK_LMHEAD_TILE_MIN_T 144
 #define TOVL_STR_(x) #x
 #define TOVL_STR(x) TOVL_STR_(x)
 
