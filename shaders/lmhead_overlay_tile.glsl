@@ -51,7 +51,7 @@ const uint ROW_VECS = ROW_WORDS / 4u;         // 16-byte vectors per row per chu
 const uint STAGE_WORDS = (BM + BN) * ROW_WORDS; // one chunk buffer: 8 KiB
 const uint ROUND = 16u;                       // cells per tree round
 const uint NO_ROW = 0xFFFFFFFFu;
-const uint PER_MAX = 8u;                      // rows an invocation scans per pass of the row collection
+const uint PER_MAX = 2u;                      // rows an invocation scans per pass of the row collection
 
 // 16 KiB, the size every device has, shared by the phases: the pick and the
 // row scan, then two chunk buffers, then the tree's rounds (16 x 256 floats).
