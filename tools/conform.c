@@ -98,6 +98,8 @@ static const case_def hook_cases[] = {
     {"odd_sizes_h257", 29, 257, 997, 3, 3, 13, false, false, false, false, false, false, PROBE_NONE},
     {"h1000_ld_gt_vocab", 21, 1000, 509, 77, 3, 9, false, false, false, false, false, false, PROBE_NONE},
     {"h4096", 9, 4096, 777, 0, 2, 33, true, false, false, false, false, false, PROBE_NONE},
+    {"h4104", 5, 4104, 300, 0, 2, 9, false, false, false, false, false, false, PROBE_NONE},
+    {"h5003", 4, 5003, 300, 0, 2, 9, false, false, false, false, false, false, PROBE_NONE},
     {"h1", 16, 1, 64, 1, 2, 8, false, false, false, false, false, false, PROBE_NONE},
     {"specials_nan_inf_negzero", 40, 300, 800, 5, 4, 20, true, true, false, false, false, false, PROBE_NONE},
     {"active_slot", 33, 128, 400, 0, 3, 40, false, false, true, false, false, false, PROBE_NONE},
