@@ -114,13 +114,14 @@ struct LmLaunch {
 static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
     tovl_cuda_launch shape =
         native_launch(f32 ? TOVL_CUDA_LMHEAD_F32 : TOVL_CUDA_LMHEAD_BF16, a.T, a.max_n, &a, {(uint32_t)sm_count()});
+    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large", "small", "row", "row2", "row4", "row4q"};
     if (const char *force = getenv("TOVL_MB_FORCE")) {
-        const tovl_cuda_variant v = strcmp(force, "row4q") == 0   ? TOVL_CUDA_VARIANT_ROW4Q
-                                    : strcmp(force, "row4") == 0  ? TOVL_CUDA_VARIANT_ROW4
-                                    : strcmp(force, "row2") == 0  ? TOVL_CUDA_VARIANT_ROW2
-                                    : strcmp(force, "row") == 0   ? TOVL_CUDA_VARIANT_ROW
-                                    : strcmp(force, "small") == 0 ? TOVL_CUDA_VARIANT_SMALL
-                                                                  : TOVL_CUDA_VARIANT_PLAIN;
+        tovl_cuda_variant v = TOVL_CUDA_VARIANT_PLAIN; /* any other name: the large tiles */
+        for (int i = 0; i < TOVL_CUDA_VARIANT_COUNT; i++) {
+            if (strcmp(force, names[i]) == 0) {
+                v = (tovl_cuda_variant)i;
+            }
+        }
         if (tovl_cuda_lmhead_shape(v, &a, &shape) != TOVL_OK) {
             fprintf(stderr, "launch geometry: %s\n", tovl_last_error());
             exit(2);
@@ -133,7 +134,6 @@ static LmLaunch lm_launch(const tovl_lmhead_overlay_args &a, bool f32) {
         {lmhead_overlay_bf16_row2, lmhead_overlay_f32_row2},
         {lmhead_overlay_bf16_row4, lmhead_overlay_f32_row4},
         {lmhead_overlay_bf16_row4q, lmhead_overlay_f32_row4q}};
-    static const char *const names[TOVL_CUDA_VARIANT_COUNT] = {"large", "small", "row", "row2", "row4", "row4q"};
     LmLaunch l;
     l.fn = kernels[shape.variant][f32];
     l.variant = names[shape.variant];
