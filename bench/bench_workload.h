@@ -82,6 +82,12 @@ static void build(Workload &w, uint32_t T, std::mt19937_64 &rng) {
     w.T = T;
     w.hidden.resize((size_t)T * H);
     for (auto &v : w.hidden) v = random_bf16(rng);
+    /* TOVL_MB_SUBNORMALS=1: a subnormal every 1000 elements of the hidden
+     * rows, so that every lm_head tile fails the fused loop's range check
+     * and runs the spec's unfused order (lmhead_overlay.cuh, LmheadRange). */
+    if (const char *sub = getenv("TOVL_MB_SUBNORMALS"); sub && strcmp(sub, "1") == 0) {
+        for (size_t i = 0; i < w.hidden.size(); i += 1000) w.hidden[i] = 0x0001;
+    }
     w.slots.resize(T);
     w.token_ids.resize(T);
     w.rows.assign(SLOTS, {});

@@ -19,7 +19,9 @@
 #      bench/triton_peer.py on that workload: the closest prior art's design
 #      (vLLM PR #55796) in Triton, side by side with tovl at every T;
 #   6. bench/lmhead_microbench, where the build made it: the kernels alone on
-#      the bench workload, every cell checked, then timed.
+#      the bench workload, every cell checked, then timed; again with a
+#      subnormal in the hidden rows (TOVL_MB_SUBNORMALS=1), so that every
+#      lm_head tile fails the fused loop's range check and is redone unfused.
 # Logs go to $OUT/cuda (default /tmp/tovl-gpu-out/cuda); a summary prints last.
 # Knobs: TOVL_CUDA_SANITIZERS (default "memcheck racecheck initcheck
 # synccheck"), TOVL_CUDA_SANITIZER_TIMEOUT (seconds per run, default 150),
@@ -91,7 +93,10 @@ rm -rf "$workload_dir"
 
 # 6. The microbenchmark (built by CMake's build check when nvcc saw sm_90).
 microbench=$build/backends/cuda/lmhead_microbench
-[ -x "$microbench" ] && step lmhead_microbench "$microbench" "$fresh_seed"
+if [ -x "$microbench" ]; then
+  step lmhead_microbench "$microbench" "$fresh_seed"
+  step lmhead_microbench_unfused env TOVL_MB_SUBNORMALS=1 TOVL_MB_T=512,160 "$microbench" "$fresh_seed"
+fi
 
 echo
 echo "=== cuda summary (seed $fresh_seed; logs in $out)"
@@ -120,9 +125,10 @@ show bench-pdl-off.log "bench with TOVL_CUDA_PDL=0 (plain launches), the hooks:"
 show torch-peer.log "against PyTorch:" '^tovl ('
 show bench-sizes.log "bench at T = $peer_sizes, the hooks:" '^kernel ' '^(kernel|embed|lmhead)'
 show triton-peer.log "against the PR #55796 design (Triton):" '^lm_head, graph'
-if [ -f "$out/lmhead_microbench.log" ]; then
-  echo "lmhead_microbench:"
-  grep -E '^(device|lmhead_overlay|embed_overlay|all bit-exact|FAIL|  )' "$out/lmhead_microbench.log" | head -40
-fi
+for mb in lmhead_microbench lmhead_microbench_unfused; do
+  [ -f "$out/$mb.log" ] || continue
+  echo "$mb:"
+  grep -E '^(device|lmhead_overlay|embed_overlay|all bit-exact|FAIL|  )' "$out/$mb.log" | head -40
+done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^\(FAIL\|TIME\)'

@@ -178,5 +178,28 @@ inline float __fadd_rn(float a, float b) {
 inline float __fsub_rn(float a, float b) {
     return a - b;
 }
+/* sm_90's DPX operations on the two unsigned 16-bit halves of a word:
+ * max(a, b, c) and min(a + b, c), each half on its own (the add wraps). */
+inline unsigned __vimax3_u16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned r = 0;
+    for (unsigned sh = 0; sh < 32; sh += 16) {
+        unsigned x = (a >> sh) & 0xFFFFu, y = (b >> sh) & 0xFFFFu, z = (c >> sh) & 0xFFFFu;
+        unsigned m = x > y ? x : y;
+        r |= (m > z ? m : z) << sh;
+    }
+    return r;
+}
+inline unsigned __viaddmin_u16x2(unsigned a, unsigned b, unsigned c) {
+    unsigned r = 0;
+    for (unsigned sh = 0; sh < 32; sh += 16) {
+        unsigned s = (((a >> sh) & 0xFFFFu) + ((b >> sh) & 0xFFFFu)) & 0xFFFFu, z = (c >> sh) & 0xFFFFu;
+        r |= (s < z ? s : z) << sh;
+    }
+    return r;
+}
+/* One rounding of a * b + c (C's fmaf is correctly rounded). */
+inline float __fmaf_rn(float a, float b, float c) {
+    return __builtin_fmaf(a, b, c);
+}
 
 #endif /* TOVL_CUDA_EMU_H */

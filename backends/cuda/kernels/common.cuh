@@ -249,6 +249,10 @@ template <typename T>
 __device__ __forceinline__ T min_of(T a, T b) {
     return a < b ? a : b;
 }
+template <typename T>
+__device__ __forceinline__ T max_of(T a, T b) {
+    return a < b ? b : a;
+}
 
 } // namespace tovl_cuda
 

@@ -12,7 +12,9 @@
  * batch has (it is sized before the row slots are known); the large variant's
  * blocks take their (x, y) from their place in launch order, y fastest
  * (lmhead_place), so that every tile that exists is launched before any idle
- * block. Beyond CUDA's y limit a block also does columns y + gridDim.y, ...
+ * block. A block also does columns y + gridDim.y, ...: beyond CUDA's y
+ * limit, and where the host halves the columns so that a block's pick and
+ * row collection serve two tiles (cuda_geometry.c).
  *
  * The dot order. The 256 threads are two groups of 128, each computing BM x TN
  * cells (group G takes overlay rows G * TN .. + TN of the tile). Thread q of a
@@ -20,9 +22,12 @@
  * 256 elements staged as bf16 pairs in shared memory (word p = elements 2p,
  * 2p + 1); thread q reads word q, i.e. elements 2q and 2q + 1 of the chunk,
  * which are exactly its lanes' next elements, so each lane's sum runs in
- * increasing i. Products and sums are __fmul_rn / __fadd_rn: never fused,
- * rounded to nearest even. Elements past h are skipped, not multiplied by
- * zero (0 * Inf is NaN, and -0 + +0 is +0). The tree (strides 128 .. 1) is
+ * increasing i. Products and sums are __fmul_rn / __fadd_rn, rounded to
+ * nearest even, with one exception that gives the same bits: where a range
+ * check over the tile's operands proves every product exact in f32, a tile's
+ * whole chunks take one fma per product and sum (LmheadRange), and a tile
+ * that fails the check is redone unfused. Elements past h are skipped, not
+ * multiplied by zero (0 * Inf is NaN, and -0 + +0 is +0). The tree (strides 128 .. 1) is
  * done after the loop through shared memory, a round of cells at a time: each
  * warp finishes four cells exactly as the spec pairs the lanes (strides 128,
  * 64, 32 in each thread, 16 and 8 as a reduce-scatter over the four cells,
@@ -35,8 +40,9 @@
  * one is computed, one barrier per chunk, and the registers stay free for the
  * accumulators and for the products in flight (with the staged vectors in
  * registers, ptxas ran out and chained every product to its sum).
- * Rows that are absent, past h, or not 16-byte aligned are staged by plain
- * stores instead.
+ * The fused loop stages by cp.async alone, an absent row as a copy of a row
+ * of the tile; elsewhere rows that are absent, past h, or not 16-byte aligned
+ * are staged by plain stores instead.
  */
 #ifndef TOVL_CUDA_KERNELS_LMHEAD_OVERLAY_CUH
 #define TOVL_CUDA_KERNELS_LMHEAD_OVERLAY_CUH
@@ -70,6 +76,9 @@ struct LmheadConfig {
     /* Whether a block lets the next kernel launch early only once the grid's
      * tiles outnumber the SMs (lmhead_overlay): where blocks share SMs. */
     static constexpr bool TRIGGER_WHEN_FULL = MIN_BLOCKS_ > 1;
+    /* The chunk loop fuses each product into its sum where the range check
+     * proves that exact (LmheadRange). */
+    static constexpr bool FUSE = TOVL_CUDA_LMHEAD_FUSE != 0;
     static constexpr uint32_t TM = TM_, TN = TN_, STAGES = STAGES_;
     static constexpr uint32_t THREADS = TOVL_CUDA_LMHEAD_THREADS, GROUP = THREADS / 2;
     static constexpr uint32_t WARPS = THREADS / WARP;
@@ -171,6 +180,7 @@ __device__ uint32_t lmhead_find_rows(LmheadShared<C> &sh, const tovl_lmhead_over
     return found > first ? (uint32_t)min_of<uint64_t>(found - first, C::BM) : 0u;
 }
 
+
 /* Starts staging chunk c into ring slot buf: this thread's vectors, by
  * cp.async where the row is 16-byte aligned (vectors) and the vector lies
  * within h, else by a plain store (zero for an absent row or past h). */
@@ -221,11 +231,72 @@ __device__ __forceinline__ void lmhead_lane(const uint32_t (&xp)[C::TM], const u
     }
 }
 
+/* The fused form of lmhead_lane: one correctly rounded fma per product and
+ * sum. It gives the spec's bits wherever every product is exact in f32, which
+ * lmhead_range_ok establishes for the tile before its cells are kept. */
+template <class C, uint32_t HALF>
+__device__ __forceinline__ void lmhead_lane_fused(const uint32_t (&xp)[C::TM], const uint32_t (&wp)[C::TN],
+                                                  float (&acc)[C::TM][C::TN][2]) {
+    float w[C::TN];
+    TOVL_UNROLL
+    for (uint32_t n = 0; n < C::TN; n++) {
+        w[n] = HALF ? pair_hi(wp[n]) : pair_lo(wp[n]);
+    }
+    TOVL_UNROLL
+    for (uint32_t m = 0; m < C::TM; m++) {
+        const float x = HALF ? pair_hi(xp[m]) : pair_lo(xp[m]);
+        TOVL_UNROLL
+        for (uint32_t n = 0; n < C::TN; n++) {
+            acc[m][n][HALF] = __fmaf_rn(x, w[n], acc[m][n][HALF]);
+        }
+    }
+}
+
+/* The range check of the fused loop. Over the words a thread reads it keeps
+ * the largest bf16 magnitude and the smallest nonzero one of the hidden rows
+ * and of the overlay rows (per 16-bit half: __vimax3_u16x2, and the
+ * magnitude minus one through __viaddmin_u16x2, so that zero wraps to the top
+ * and drops out). Where both sides' nonzero elements are normal with biased
+ * exponents summing to at least 128 (products >= 2^-126) and the largest to
+ * at most 380 (products < 2^128), every product of this thread's lanes is
+ * exact in f32 (two 8-bit significands): fma(x, w, p) then rounds p + x w once,
+ * as the spec's sum of the rounded product does, and so does a zero product.
+ * A subnormal, Inf or NaN fails, and the tile is redone unfused. */
+struct LmheadRange {
+    uint32_t x_max = 0, x_min1 = ~0u, w_max = 0, w_min1 = ~0u;
+    __device__ __forceinline__ static void add(uint32_t &max, uint32_t &min1, uint32_t a, uint32_t b) {
+        a &= 0x7FFF7FFFu;
+        b &= 0x7FFF7FFFu;
+        max = __vimax3_u16x2(max, a, b);
+        min1 = __viaddmin_u16x2(a, 0xFFFFFFFFu, min1);
+        min1 = __viaddmin_u16x2(b, 0xFFFFFFFFu, min1);
+    }
+    __device__ __forceinline__ void add_x(uint32_t a, uint32_t b) {
+        add(x_max, x_min1, a, b);
+    }
+    __device__ __forceinline__ void add_w(uint32_t a, uint32_t b) {
+        add(w_max, w_min1, a, b);
+    }
+    __device__ __forceinline__ bool ok() const {
+        const uint32_t x_lo = min_of(x_min1 & 0xFFFFu, x_min1 >> 16) + 1u;
+        const uint32_t w_lo = min_of(w_min1 & 0xFFFFu, w_min1 >> 16) + 1u;
+        if (x_lo > 0xFFFFu || w_lo > 0xFFFFu) {
+            return true; /* one side is all zeros: so is every product */
+        }
+        const uint32_t x_hi = max_of(x_max & 0xFFFFu, x_max >> 16), w_hi = max_of(w_max & 0xFFFFu, w_max >> 16);
+        const uint32_t ex_lo = x_lo >> 7, ew_lo = w_lo >> 7, ex_hi = x_hi >> 7, ew_hi = w_hi >> 7;
+        return ex_lo >= 1u && ew_lo >= 1u && ex_hi <= 254u && ew_hi <= 254u && ex_lo + ew_lo >= 128u &&
+               ex_hi + ew_hi <= 380u;
+    }
+};
+
 /* One chunk: each of this thread's lanes adds its element's product.
- * PARTIAL: only the first `valid` elements of the chunk exist. */
-template <class C, bool PARTIAL>
+ * PARTIAL: only the first `valid` elements of the chunk exist (never fused).
+ * FUSED: fma, and the words this thread reads go into `range`. */
+template <class C, bool PARTIAL, bool FUSED = false>
 __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, float (&acc)[C::TM][C::TN][2],
-                                                  uint32_t buf, uint32_t group, uint32_t q, uint32_t valid) {
+                                                  uint32_t buf, uint32_t group, uint32_t q, uint32_t valid,
+                                                  LmheadRange *range = nullptr) {
     const uint32_t e = 2 * q;
     uint32_t xp[C::TM], wp[C::TN];
     TOVL_UNROLL
@@ -236,11 +307,25 @@ __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, flo
     for (uint32_t n = 0; n < C::TN; n++) {
         wp[n] = sh.stage.w[buf][group * C::TN + n][q];
     }
-    if (!PARTIAL || e < valid) {
-        lmhead_lane<C, 0>(xp, wp, acc);
-    }
-    if (!PARTIAL || e + 1 < valid) {
-        lmhead_lane<C, 1>(xp, wp, acc);
+    if constexpr (FUSED && !PARTIAL) {
+        static_assert(C::TM % 2 == 0 && C::TN % 2 == 0, "the range check takes words in pairs");
+        TOVL_UNROLL
+        for (uint32_t m = 0; m < C::TM; m += 2) {
+            range->add_x(xp[m], xp[m + 1]);
+        }
+        TOVL_UNROLL
+        for (uint32_t n = 0; n < C::TN; n += 2) {
+            range->add_w(wp[n], wp[n + 1]);
+        }
+        lmhead_lane_fused<C, 0>(xp, wp, acc);
+        lmhead_lane_fused<C, 1>(xp, wp, acc);
+    } else {
+        if (!PARTIAL || e < valid) {
+            lmhead_lane<C, 0>(xp, wp, acc);
+        }
+        if (!PARTIAL || e + 1 < valid) {
+            lmhead_lane<C, 1>(xp, wp, acc);
+        }
     }
 }
 
@@ -343,74 +428,160 @@ __device__ __forceinline__ void lmhead_tree_round(LmheadShared<C> &sh, const flo
     }
 }
 
+/* How a loop stages: by cp.async alone (every row present or stood in for,
+ * h a multiple of the chunk), or by lmhead_stage. */
+template <bool FAST>
+struct LmheadStaging {
+    static constexpr bool value = FAST;
+};
+
+/* Where job j of this thread stages in ring slot 0 (slot b: + b * slot_words(j)). */
+template <class C>
+__device__ __forceinline__ uint32_t *lmhead_stage_dst(LmheadShared<C> &sh, uint32_t j) {
+    const uint32_t v = threadIdx.x + j * C::THREADS, col = 4 * (v % C::ROW_VECS);
+    return j < C::X_JOBS ? &sh.stage.x[0][v / C::ROW_VECS][col] : &sh.stage.w[0][(v - C::X_VECS) / C::ROW_VECS][col];
+}
+template <class C>
+__device__ __forceinline__ constexpr uint32_t lmhead_slot_words(uint32_t j) {
+    return j < C::X_JOBS ? C::BM * C::WORDS : C::BN * C::WORDS;
+}
+
 /* One tile: the rows x_src points at (null: no row) x overlay rows
- * [k0, k_end) of slot s. Every thread calls it. */
+ * [k0, k_end) of slot s. Every thread calls it. `inexact`: a word of shared
+ * memory for the range check's vote; x_any: a row of the tile's group. */
 template <class C, bool F32_LOGITS>
-__device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], const tovl_lmhead_overlay_args &a,
-                            const LmheadSlot &slot, const uint16_t *const (&x_src)[C::X_JOBS], uint32_t k0,
+__device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], uint32_t &inexact,
+                            const tovl_lmhead_overlay_args &a, const LmheadSlot &slot,
+                            const uint16_t *const (&x_src)[C::X_JOBS], const uint16_t *x_any, uint32_t k0,
                             uint32_t k_end) {
     const uint32_t h = a.h, tid = threadIdx.x;
     const uint16_t *w_rows = slot.rows;
     const bool vectors = h % 8 == 0 && ((a.hidden | (uint64_t)(uintptr_t)w_rows) & 15u) == 0;
-    const uint16_t *src[C::JOBS];
+    /* src: each job's row, null where absent. The fused loop stages every
+     * job by cp.async alone: an absent row as a copy of one of the tile's own
+     * rows (no cell of it is stored, and the range check sees the same
+     * values twice). */
+    const uint16_t *src[C::JOBS], *src_any[C::JOBS];
     TOVL_UNROLL
     for (uint32_t j = 0; j < C::JOBS; j++) {
         const uint32_t v = tid + j * C::THREADS;
         if (j < C::X_JOBS) {
             src[j] = x_src[j];
+            src_any[j] = src[j] ? src[j] : x_any;
         } else {
             const uint32_t k = k0 + (v - C::X_VECS) / C::ROW_VECS;
             src[j] = k < k_end ? w_rows + (size_t)k * h : nullptr;
+            src_any[j] = src[j] ? src[j] : w_rows + (size_t)k0 * h;
         }
     }
     const uint32_t group = tid / C::GROUP, q = tid % C::GROUP;
     float acc[C::TM][C::TN][2];
-    TOVL_UNROLL
-    for (uint32_t m = 0; m < C::TM; m++) {
+    const auto clear = [&]() {
         TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            acc[m][n][0] = acc[m][n][1] = 0.0f;
+        for (uint32_t m = 0; m < C::TM; m++) {
+            TOVL_UNROLL
+            for (uint32_t n = 0; n < C::TN; n++) {
+                acc[m][n][0] = acc[m][n][1] = 0.0f;
+            }
         }
-    }
+    };
 
     /* The ring: chunk c lands in slot c % STAGES. Every thread commits one
      * cp.async group per chunk (empty past the end), so "all but the newest
-     * STAGES - 2 groups are complete" means chunk c is. */
+     * STAGES - 2 groups are complete" means chunk c is. The loops stage only
+     * whole chunks; a partial one (h % CHUNK != 0) is staged after them. */
     constexpr uint32_t STAGES = C::STAGES;
-    const uint32_t chunks = (h + C::CHUNK - 1) / C::CHUNK;
-    __syncthreads(); /* the shared memory is free (previous tile, row scan) */
-    TOVL_UNROLL
-    for (uint32_t c = 0; c + 1 < STAGES; c++) {
-        if (c < chunks) {
-            lmhead_stage<C>(sh, src, c, c, h, vectors);
+    const uint32_t chunks = (h + C::CHUNK - 1) / C::CHUNK, whole = h / C::CHUNK;
+    /* Chunk c of every job into ring slot buf: FAST, by cp.async alone. */
+    const auto stage = [&](auto fast, uint32_t c, uint32_t buf) {
+        if constexpr (decltype(fast)::value) {
+            TOVL_UNROLL
+            for (uint32_t j = 0; j < C::JOBS; j++) {
+                const uint32_t v = tid + j * C::THREADS;
+                if (C::RAGGED_JOBS && v >= C::X_VECS + C::W_VECS) {
+                    continue;
+                }
+                copy16_async(lmhead_stage_dst<C>(sh, j) + buf * lmhead_slot_words<C>(j),
+                             src_any[j] + c * C::CHUNK + 8 * (v % C::ROW_VECS));
+            }
+        } else {
+            lmhead_stage<C>(sh, src, c, buf, h, vectors);
+        }
+    };
+    const auto prologue = [&](auto fast) {
+        TOVL_UNROLL
+        for (uint32_t c = 0; c + 1 < STAGES; c++) {
+            if (c < whole) {
+                stage(fast, c, c);
+            }
+            copy_async_commit();
+        }
+    };
+    /* Chunk c: wait for it, free the slot of chunk c - 1 for chunk c + STAGES - 1. */
+    const auto advance = [&](auto fast, uint32_t c) {
+        copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
+        __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
+        const uint32_t next = c + STAGES - 1;
+        if (next < whole) {
+            stage(fast, next, next % STAGES); /* the slot of chunk c - 1 */
         }
         copy_async_commit();
+    };
+    using Fast = LmheadStaging<true>;
+    using Plain = LmheadStaging<false>;
+    const auto whole_chunks_unfused = [&]() {
+        prologue(Plain{});
+        for (uint32_t c = 0; c < whole; c++) {
+            advance(Plain{}, c);
+            lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
+        }
+    };
+    clear();
+    if (tid == 0) {
+        inexact = 0;
+    }
+    __syncthreads(); /* the shared memory is free (previous tile, row scan) */
+    if (C::FUSE && vectors) {
+        /* Fused while every word passes the range check; if one in the tile
+         * does not, the tile starts over in the spec's unfused order. */
+        prologue(Fast{});
+    } else {
+        prologue(Plain{});
     }
     /* The tile's ids, for the stores after the loop: fetched while the first
      * chunks are in flight rather than after the tree. */
     if (tid < C::BN) {
         tile_ids[tid] = k0 + tid < k_end ? ldg(slot.ids + k0 + tid) : UINT32_MAX;
     }
-    /* Chunk c: wait for it, free the slot of chunk c - 1 for chunk c + STAGES - 1. */
-    const auto advance = [&](uint32_t c) {
-        copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
-        __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
-        const uint32_t next = c + STAGES - 1;
-        if (next < chunks) {
-            lmhead_stage<C>(sh, src, next, next % STAGES, h, vectors); /* the slot of chunk c - 1 */
+    if (C::FUSE && vectors) {
+        LmheadRange range;
+        for (uint32_t c = 0; c < whole; c++) {
+            advance(Fast{}, c);
+            lmhead_accumulate<C, false, C::FUSE>(sh, acc, c % STAGES, group, q, C::CHUNK, &range);
         }
-        copy_async_commit();
-    };
-    /* The whole chunks, then the partial one past them (if h % CHUNK != 0):
-     * two loops rather than a branch in one keep the hot loop free of the
-     * reconvergence points ptxas puts around a branch it cannot prove uniform. */
-    const uint32_t whole = h / C::CHUNK;
-    for (uint32_t c = 0; c < whole; c++) {
-        advance(c);
-        lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
+        if (!range.ok()) {
+            inexact = 1;
+        }
+        __syncthreads();
+        if (inexact) { /* uniform */
+            copy_async_wait<0>();
+            __syncthreads(); /* the ring is free */
+            clear();
+            whole_chunks_unfused();
+        }
+    } else {
+        for (uint32_t c = 0; c < whole; c++) {
+            advance(Plain{}, c);
+            lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
+        }
     }
     if (whole < chunks) {
-        advance(whole);
+        /* Its slot was last read for chunk whole - STAGES, before the last
+         * loop barrier. */
+        lmhead_stage<C>(sh, src, whole, whole % STAGES, h, vectors);
+        copy_async_commit();
+        copy_async_wait<0>();
+        __syncthreads();
         lmhead_accumulate<C, true>(sh, acc, whole % STAGES, group, q, h - whole * C::CHUNK);
     }
     copy_async_wait<0>(); /* nothing is in flight (only empty groups are left) */
@@ -568,6 +739,7 @@ template <class C, bool F32_LOGITS>
 __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     __shared__ LmheadShared<C> sh;
     __shared__ uint32_t tile_ids[C::BN]; /* outside sh: written before the loop, read after it */
+    __shared__ uint32_t inexact;         /* the range check's vote (lmhead_tile) */
     const uint32_t tid = threadIdx.x;
     uint32_t s, g;
     LmheadSlot cells;
@@ -602,9 +774,10 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
         const uint32_t r = (tid + j * C::THREADS) / C::ROW_VECS;
         x_src[j] = r < len ? ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[r] * a.h : nullptr;
     }
+    const uint16_t *x_any = ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[0] * a.h; /* len >= 1 */
     /* Columns beyond CUDA's y limit: block y also does y + gridDim.y, ... */
     for (uint32_t k0 = place.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
-        lmhead_tile<C, F32_LOGITS>(sh, tile_ids, a, cells, x_src, k0, min_of(k0 + C::BN, n));
+        lmhead_tile<C, F32_LOGITS>(sh, tile_ids, inexact, a, cells, x_src, x_any, k0, min_of(k0 + C::BN, n));
     }
 }
 
