@@ -159,7 +159,11 @@ static const struct {
     uint32_t grid[3];
     const char *why;
 } lmhead_choices[] = {
-    {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 8, 1}, "fills 132 SMs with large tiles"},
+    /* Large tiles: more than 3 a SM (x + max_loras / 2 groups of 8 columns
+     * against 396) and each block takes two columns. */
+    {512, 64, TOVL_CUDA_VARIANT_PLAIN, {72, 4, 1}, "large tiles, two columns a block"},
+    {384, 64, TOVL_CUDA_VARIANT_PLAIN, {56, 4, 1}, "52 x 8 tiles: more than 396, two columns a block"},
+    {352, 64, TOVL_CUDA_VARIANT_PLAIN, {52, 8, 1}, "48 x 8 tiles: at most 396, a column a block"},
     {133, 64, TOVL_CUDA_VARIANT_PLAIN, {25, 8, 1}, "past row4q: 25 x 8 small tiles would not each get an SM"},
     {800, 8, TOVL_CUDA_VARIANT_SMALL, {108, 1, 1}, "108 small tiles, one per SM"},
     {992, 8, TOVL_CUDA_VARIANT_SMALL, {132, 1, 1}, "the small tiles' last size over 8 overlay rows"},
@@ -179,7 +183,7 @@ static const struct {
     {465, 16, TOVL_CUDA_VARIANT_ROW4Q, {465, 4, 1}, "row4q where 67 x 2 small tiles would not each get an SM"},
     {993, 8, TOVL_CUDA_VARIANT_ROW4Q, {993, 2, 1}, "row4q where 133 small tiles would not each get an SM"},
     {3, 3, TOVL_CUDA_VARIANT_ROW4, {3, 2, 1}, "3 overlay rows: 2 columns of row4"},
-    {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 8, 1}, "past CUDA's x limit for the row variants"},
+    {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 4, 1}, "past CUDA's x limit for the row variants"},
 };
 
 Test(cuda_geometry, lmhead_variant_and_blocks) {
@@ -195,10 +199,11 @@ Test(cuda_geometry, lmhead_variant_and_blocks) {
     a.max_loras = 0;
     l = lmhead_launch_at(&a, 8, 64);
     cr_expect(l.grid[0] == 0 || l.grid[1] == 0 || l.grid[2] == 0, "no slots: nothing to launch");
-    /* Beyond CUDA's y limit the blocks loop over columns. */
+    /* Beyond CUDA's y limit the blocks loop over columns (two a block at
+     * least: 5 groups x 65535 columns are far more than 396 tiles). */
     a.max_loras = 100000;
     l = lmhead_launch_at(&a, 8, 0xFFFFFFF0u);
-    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 9, 65535, 1);
+    expect_grid(&l, TOVL_CUDA_VARIANT_PLAIN, 9, 32768, 1);
     /* Each variant's shape on request (the microbenchmark's TOVL_MB_FORCE). */
     a.T = 64;
     a.max_n = 64;

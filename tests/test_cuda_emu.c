@@ -124,7 +124,7 @@ Test(cuda_emu, cp_async_lands_at_the_issuing_threads_wait) {
 }
 
 /* The benchmark's shape: T = 512, h = 4096, 8 slots x 64 rows, on 132 SMs:
- * the large tiles, a 72 x 8 grid. */
+ * the large tiles, a 72 x 4 grid (two columns a block). */
 Test(cuda_emu, bench_shape_t512, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"bench_t512", 512, 4096, 5000, 8, 8, 0, 1, 64, false, false});

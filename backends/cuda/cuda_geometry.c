@@ -140,7 +140,19 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     if (tiles_fit) {
         return TOVL_OK;
     }
-    return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, a, out);
+    st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, a, out);
+    /* Where the batch's groups (ceil(T / BM) full ones, and a partial one
+     * for about half the slots: its rows are not known here) give more than
+     * three large tiles per SM, each block takes
+     * TOVL_CUDA_LMHEAD_LARGE_COLUMNS columns one after the other (the
+     * kernel's column loop): its tile pick and row collection then serve
+     * them all, and the tiles run as one round of two blocks per SM rather
+     * than two (docs/PERFORMANCE.md, Lm_head tiles). */
+    const uint64_t groups = ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T) / 2;
+    if (st == TOVL_OK && TOVL_CUDA_LMHEAD_LARGE_COLUMNS > 1 && groups * out->grid[1] > 3 * sms) {
+        out->grid[1] = ceil_div(out->grid[1], TOVL_CUDA_LMHEAD_LARGE_COLUMNS);
+    }
+    return st;
 }
 
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,

@@ -61,6 +61,16 @@
 #define TOVL_CUDA_LMHEAD_LARGE_MIN_BLOCKS 2
 #endif
 
+/* Columns (groups of BN overlay rows) a large-tile block takes one after the
+ * other where the batch has more than three tiles per SM (cuda_geometry.c):
+ * its tile pick and row collection then serve them all, and the tiles run as
+ * one round of two blocks per SM. On the H200 at T = 448-512 (seeds 777,
+ * 4242, 31): 19.8-19.9 us against 21.3-21.6 with one column; 4 columns (one
+ * block per SM) 23.3-37.2. */
+#ifndef TOVL_CUDA_LMHEAD_LARGE_COLUMNS
+#define TOVL_CUDA_LMHEAD_LARGE_COLUMNS 2
+#endif
+
 /* Both tile variants: 1 fuses each product into its sum (one fma) in tiles
  * whose operands pass a range check that makes every product exact, which
  * gives the spec's bits (lmhead_overlay.cuh, LmheadRange); a tile that fails
