@@ -34,6 +34,10 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f /usr/local/nvidia/share/vulkan/icd.d/nv
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
 export VK_LAYER_PATH="$here/.gpulibs/layers"
+# The validation layer, packed by gpu-prepare.sh.
+if [ -f .gpulibs/libVkLayer_khronos_validation.so.xz ]; then
+  xz -dkf .gpulibs/libVkLayer_khronos_validation.so.xz
+fi
 
 # The build tree holds absolute paths of the machine that built it: its
 # source folder and the build folder itself; point both back here. A copy of
