@@ -24,11 +24,14 @@ if ! grep -q '^vulkan  *present' "$out/devices.log"; then
 fi
 grep -A9 '^vulkan' "$out/devices.log" | grep -E 'subgroup_size|f32_denormals|driver' > "$out/properties.txt"
 
-# Does the validation layer load on this machine?
-if TOVL_VULKAN_VALIDATION=1 "$tovl" devices 2>&1 | grep -q '^vulkan  *present'; then
+# Does the validation layer load on this machine? The probe's output is kept
+# (and read after it exits: `grep -q` in a pipe under pipefail would fail the
+# test whenever tovl writes after grep has found its line).
+TOVL_VULKAN_VALIDATION=1 "$tovl" devices > "$out/validation-probe.log" 2>&1
+if grep -q '^vulkan  *present' "$out/validation-probe.log"; then
   validation=on
 else
-  validation="off (VK_LAYER_KHRONOS_validation does not load here)"
+  validation="off (VK_LAYER_KHRONOS_validation does not load here: $(grep -m1 '^vulkan' "$out/validation-probe.log"))"
 fi
 
 if [ "$validation" = on ]; then
