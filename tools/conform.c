@@ -76,6 +76,7 @@ typedef enum probe_kind {
     PROBE_ZEROS,  /* even rows: a subnormal tie among zeros (fma_probe_rows) */
     PROBE_TINY_W, /* every row: a tie from tiny overlay elements, the hidden side in range (tie_probe_rows) */
     PROBE_TINY_X, /* the same with the tiny elements on the hidden side */
+    PROBE_BAND,   /* every product at the edge of exactness in f32 (band_probe_rows) */
 } probe_kind;
 
 typedef struct case_def {
@@ -114,6 +115,7 @@ static const case_def hook_cases[] = {
     {"fma_subnormal_tie", 16, 257, 100, 0, 2, 8, false, false, false, false, true, false, PROBE_ZEROS},
     {"fma_tie_tiny_rows", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_W},
     {"fma_tie_tiny_hidden", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_X},
+    {"fma_band_edge", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_BAND},
 };
 #define HOOK_CASE_COUNT (sizeof hook_cases / sizeof hook_cases[0])
 
@@ -332,6 +334,24 @@ static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
     }
 }
 
+/* Every element where bf16 x bf16 products stop being exact in f32: hidden
+ * elements +-(1 + a / 128) 2^-60 (biased exponent 67), overlay elements
+ * +-(1 + b / 128) 2^-76 (51), so each product is (128 + a)(128 + b) 2^-150,
+ * which f32 (its least subnormal 2^-149) cannot hold when a and b are odd.
+ * A port that fuses products into sums after a range check (the CUDA tiles)
+ * must send these to its unfused path: a check that admits exponent sums of
+ * 118 gets them wrong, one that admits 119 (products multiples of 2^-149,
+ * exact) would still be right. a, b and the signs vary by element. */
+static void band_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side) {
+    for (size_t row = 0; row < count; row++) {
+        for (uint32_t i = 0; i < h; i++) {
+            const uint32_t mix = (uint32_t)(row * 40503u + i) * 2654435761u;
+            const float v = ldexpf(1.0f + (float)((mix >> 24) & 127u) / 128.0f, hidden_side ? -60 : -76);
+            rows[row * h + i] = tovl_f32_to_bf16((mix >> 31) ? -v : v);
+        }
+    }
+}
+
 /* Whether the case's rows can hold its probe: both kinds write element 256,
  * and the tie probes pair whole 256-element runs. A case table entry that
  * breaks this fails its case instead of writing past its rows. */
@@ -341,6 +361,8 @@ static bool probe_fits(const case_def *c) {
         return true;
     case PROBE_ZEROS:
         return c->h > 256;
+    case PROBE_BAND:
+        return true;
     default:
         return c->h >= 512 && c->h % 512 == 0;
     }
@@ -350,6 +372,8 @@ static bool probe_fits(const case_def *c) {
 static void probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side, probe_kind kind) {
     if (kind == PROBE_ZEROS) {
         fma_probe_rows(rows, count, h, hidden_side);
+    } else if (kind == PROBE_BAND) {
+        band_probe_rows(rows, count, h, hidden_side);
     } else if (kind != PROBE_NONE) {
         tie_probe_rows(rows, count, h, hidden_side, kind);
     }
