@@ -207,8 +207,11 @@ __device__ __forceinline__ void lmhead_stage(LmheadShared<C> &sh, const uint16_t
 /* Lane 2q + HALF of every cell: the product of the element HALF of each
  * hidden-row word and each overlay-row word, added to that lane's sum. Each
  * round of products is formed before it is added, so that ptxas has them in
- * flight together rather than chaining each product to its sum. */
-template <class C, uint32_t HALF>
+ * flight together rather than chaining each product to its sum. FUSED: one
+ * correctly rounded fma per product and sum instead, which gives the spec's
+ * bits wherever every product is exact in f32 (LmheadRange establishes that
+ * for the tile before its cells are kept). */
+template <class C, uint32_t HALF, bool FUSED>
 __device__ __forceinline__ void lmhead_lane(const uint32_t (&xp)[C::TM], const uint32_t (&wp)[C::TN],
                                             float (&acc)[C::TM][C::TN][2]) {
     float w[C::TN];
@@ -219,35 +222,21 @@ __device__ __forceinline__ void lmhead_lane(const uint32_t (&xp)[C::TM], const u
     TOVL_UNROLL
     for (uint32_t m = 0; m < C::TM; m++) {
         const float x = HALF ? pair_hi(xp[m]) : pair_lo(xp[m]);
-        float prod[C::TN];
-        TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            prod[n] = __fmul_rn(x, w[n]);
-        }
-        TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            acc[m][n][HALF] = __fadd_rn(acc[m][n][HALF], prod[n]);
-        }
-    }
-}
-
-/* The fused form of lmhead_lane: one correctly rounded fma per product and
- * sum. It gives the spec's bits wherever every product is exact in f32, which
- * lmhead_range_ok establishes for the tile before its cells are kept. */
-template <class C, uint32_t HALF>
-__device__ __forceinline__ void lmhead_lane_fused(const uint32_t (&xp)[C::TM], const uint32_t (&wp)[C::TN],
-                                                  float (&acc)[C::TM][C::TN][2]) {
-    float w[C::TN];
-    TOVL_UNROLL
-    for (uint32_t n = 0; n < C::TN; n++) {
-        w[n] = HALF ? pair_hi(wp[n]) : pair_lo(wp[n]);
-    }
-    TOVL_UNROLL
-    for (uint32_t m = 0; m < C::TM; m++) {
-        const float x = HALF ? pair_hi(xp[m]) : pair_lo(xp[m]);
-        TOVL_UNROLL
-        for (uint32_t n = 0; n < C::TN; n++) {
-            acc[m][n][HALF] = __fmaf_rn(x, w[n], acc[m][n][HALF]);
+        if constexpr (FUSED) {
+            TOVL_UNROLL
+            for (uint32_t n = 0; n < C::TN; n++) {
+                acc[m][n][HALF] = __fmaf_rn(x, w[n], acc[m][n][HALF]);
+            }
+        } else {
+            float prod[C::TN];
+            TOVL_UNROLL
+            for (uint32_t n = 0; n < C::TN; n++) {
+                prod[n] = __fmul_rn(x, w[n]);
+            }
+            TOVL_UNROLL
+            for (uint32_t n = 0; n < C::TN; n++) {
+                acc[m][n][HALF] = __fadd_rn(acc[m][n][HALF], prod[n]);
+            }
         }
     }
 }
@@ -317,14 +306,14 @@ __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, flo
         for (uint32_t n = 0; n < C::TN; n += 2) {
             range->add_w(wp[n], wp[n + 1]);
         }
-        lmhead_lane_fused<C, 0>(xp, wp, acc);
-        lmhead_lane_fused<C, 1>(xp, wp, acc);
+        lmhead_lane<C, 0, true>(xp, wp, acc);
+        lmhead_lane<C, 1, true>(xp, wp, acc);
     } else {
         if (!PARTIAL || e < valid) {
-            lmhead_lane<C, 0>(xp, wp, acc);
+            lmhead_lane<C, 0, false>(xp, wp, acc);
         }
         if (!PARTIAL || e + 1 < valid) {
-            lmhead_lane<C, 1>(xp, wp, acc);
+            lmhead_lane<C, 1, false>(xp, wp, acc);
         }
     }
 }
