@@ -352,9 +352,10 @@ static void band_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidde
     }
 }
 
-/* Whether the case's rows can hold its probe: both kinds write element 256,
- * and the tie probes pair whole 256-element runs. A case table entry that
- * breaks this fails its case instead of writing past its rows. */
+/* Whether the case's rows can hold its probe: the zeros and tie probes write
+ * element 256, and the tie probes pair whole 256-element runs (the band fills
+ * rows of any length). A case table entry that breaks this fails its case
+ * instead of writing past its rows. */
 static bool probe_fits(const case_def *c) {
     switch (c->fma_probe) {
     case PROBE_NONE:

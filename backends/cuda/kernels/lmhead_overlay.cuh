@@ -180,7 +180,6 @@ __device__ uint32_t lmhead_find_rows(LmheadShared<C> &sh, const tovl_lmhead_over
     return found > first ? (uint32_t)min_of<uint64_t>(found - first, C::BM) : 0u;
 }
 
-
 /* Starts staging chunk c into ring slot buf: this thread's vectors, by
  * cp.async where the row is 16-byte aligned (vectors) and the vector lies
  * within h, else by a plain store (zero for an absent row or past h). */
@@ -518,8 +517,8 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
     };
     using Fast = LmheadStaging<true>;
     using Plain = LmheadStaging<false>;
+    /* The whole chunks in the spec's order, once prologue(Plain{}) has run. */
     const auto whole_chunks_unfused = [&]() {
-        prologue(Plain{});
         for (uint32_t c = 0; c < whole; c++) {
             advance(Plain{}, c);
             lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
@@ -530,9 +529,10 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
         inexact = 0;
     }
     __syncthreads(); /* the shared memory is free (previous tile, row scan) */
-    if (C::FUSE && vectors) {
-        /* Fused while every word passes the range check; if one in the tile
-         * does not, the tile starts over in the spec's unfused order. */
+    /* Fused while every word passes the range check; if one in the tile does
+     * not, the tile starts over in the spec's unfused order. */
+    const bool fused = C::FUSE && vectors;
+    if (fused) {
         prologue(Fast{});
     } else {
         prologue(Plain{});
@@ -542,11 +542,11 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
     if (tid < C::BN) {
         tile_ids[tid] = k0 + tid < k_end ? ldg(slot.ids + k0 + tid) : UINT32_MAX;
     }
-    if (C::FUSE && vectors) {
+    if (fused) {
         LmheadRange range;
         for (uint32_t c = 0; c < whole; c++) {
             advance(Fast{}, c);
-            lmhead_accumulate<C, false, C::FUSE>(sh, acc, c % STAGES, group, q, C::CHUNK, &range);
+            lmhead_accumulate<C, false, true>(sh, acc, c % STAGES, group, q, C::CHUNK, &range);
         }
         if (!range.ok()) {
             inexact = 1;
@@ -556,13 +556,11 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
             copy_async_wait<0>();
             __syncthreads(); /* the ring is free */
             clear();
+            prologue(Plain{});
             whole_chunks_unfused();
         }
     } else {
-        for (uint32_t c = 0; c < whole; c++) {
-            advance(Plain{}, c);
-            lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
-        }
+        whole_chunks_unfused();
     }
     if (whole < chunks) {
         /* Its slot was last read for chunk whole - STAGES, before the last
