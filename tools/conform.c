@@ -77,6 +77,7 @@ typedef enum probe_kind {
     PROBE_TINY_W, /* every row: a tie from tiny overlay elements, the hidden side in range (tie_probe_rows) */
     PROBE_TINY_X, /* the same with the tiny elements on the hidden side */
     PROBE_BAND,   /* every product at the edge of exactness in f32 (band_probe_rows) */
+    PROBE_BAND_HALVES, /* the band's factors in half the rows of each side (band_halves_rows) */
 } probe_kind;
 
 typedef struct case_def {
@@ -116,6 +117,7 @@ static const case_def hook_cases[] = {
     {"fma_tie_tiny_rows", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_W},
     {"fma_tie_tiny_hidden", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_TINY_X},
     {"fma_band_edge", 24, 512, 300, 0, 2, 12, false, false, false, false, true, false, PROBE_BAND},
+    {"fma_band_halves", 24, 512, 300, 0, 1, 16, false, false, true, false, true, false, PROBE_BAND_HALVES},
 };
 #define HOOK_CASE_COUNT (sizeof hook_cases / sizeof hook_cases[0])
 
@@ -352,6 +354,28 @@ static void band_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidde
     }
 }
 
+/* The band's factors in half of each side's rows, 1's scale in the others:
+ * hidden rows t with t % 8 >= 4 and overlay rows k with k % 8 < 4. Only a
+ * product of two band factors is inexact, so only cells of a hidden row of
+ * the second half and an overlay row of the first carry the band. A port
+ * whose range check covers each side's rows in parts (the CUDA tiles: a group
+ * of 8 hidden rows, the first and last 4 checked by different threads, and
+ * overlay rows in columns of 8, the hidden rows' bounds carried from a
+ * block's first column to its second) sees every part in range on its own,
+ * and must join the parts before it fuses. Every row is the active slot's
+ * (active_slot), so the rows of a tile are 8 consecutive t. */
+static void band_halves_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side) {
+    for (size_t row = 0; row < count; row++) {
+        const bool band = hidden_side ? row % 8 >= 4 : row % 8 < 4;
+        const int e = band ? (hidden_side ? -60 : -76) : 0;
+        for (uint32_t i = 0; i < h; i++) {
+            const uint32_t mix = (uint32_t)(row * 40503u + i) * 2654435761u;
+            const float v = ldexpf(1.0f + (float)((mix >> 24) & 127u) / 128.0f, e);
+            rows[row * h + i] = tovl_f32_to_bf16((mix >> 31) ? -v : v);
+        }
+    }
+}
+
 /* Whether the case's rows can hold its probe: the zeros and tie probes write
  * element 256, and the tie probes pair whole 256-element runs (the band fills
  * rows of any length). A case table entry that breaks this fails its case
@@ -363,6 +387,7 @@ static bool probe_fits(const case_def *c) {
     case PROBE_ZEROS:
         return c->h > 256;
     case PROBE_BAND:
+    case PROBE_BAND_HALVES:
         return true;
     default:
         return c->h >= 512 && c->h % 512 == 0;
@@ -375,6 +400,8 @@ static void probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_sid
         fma_probe_rows(rows, count, h, hidden_side);
     } else if (kind == PROBE_BAND) {
         band_probe_rows(rows, count, h, hidden_side);
+    } else if (kind == PROBE_BAND_HALVES) {
+        band_halves_rows(rows, count, h, hidden_side);
     } else if (kind != PROBE_NONE) {
         tie_probe_rows(rows, count, h, hidden_side, kind);
     }
@@ -427,6 +454,9 @@ static bool hook_inputs_make(const case_def *c, uint64_t seed, hook_inputs *in) 
         sd->n_lm = has_lm ? 1 + rng_below(&r, c->rows_per_slot) : 0;
         if (sd->n_embed > c->vocab) sd->n_embed = c->vocab;
         if (sd->n_lm > c->vocab) sd->n_lm = c->vocab;
+        if (c->fma_probe == PROBE_BAND_HALVES && has_lm) {
+            sd->n_lm = c->rows_per_slot; /* two whole columns of 8 overlay rows */
+        }
         if (c->rows_per_slot >= 1000 && has_embed) {
             sd->n_embed = c->rows_per_slot; /* thousands of rows in one slot */
             sd->n_lm = has_lm ? c->rows_per_slot : 0;
