@@ -265,6 +265,11 @@ struct LmheadRange {
     __device__ __forceinline__ void add_w(uint32_t a, uint32_t b) {
         add(w_max, w_min1, a, b);
     }
+    /* The other thread's hidden-row bounds joined to these. */
+    __device__ __forceinline__ void join_x(uint32_t max, uint32_t min1) {
+        x_max = __vimax3_u16x2(x_max, max, 0u);
+        x_min1 = __viaddmin_u16x2(x_min1, 0u, min1);
+    }
     __device__ __forceinline__ bool ok() const {
         const uint32_t x_lo = min_of(x_min1 & 0xFFFFu, x_min1 >> 16) + 1u;
         const uint32_t w_lo = min_of(w_min1 & 0xFFFFu, w_min1 >> 16) + 1u;
@@ -280,8 +285,9 @@ struct LmheadRange {
 
 /* One chunk: each of this thread's lanes adds its element's product.
  * PARTIAL: only the first `valid` elements of the chunk exist (never fused).
- * FUSED: fma, and the words this thread reads go into `range`. */
-template <class C, bool PARTIAL, bool FUSED = false>
+ * FUSED: fma, and the overlay-row words this thread reads go into `range`,
+ * with its hidden-row words of rows XLO .. XHI - 1. */
+template <class C, bool PARTIAL, bool FUSED = false, uint32_t XLO = 0, uint32_t XHI = C::TM>
 __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, float (&acc)[C::TM][C::TN][2],
                                                   uint32_t buf, uint32_t group, uint32_t q, uint32_t valid,
                                                   LmheadRange *range = nullptr) {
@@ -297,9 +303,11 @@ __device__ __forceinline__ void lmhead_accumulate(const LmheadShared<C> &sh, flo
     }
     if constexpr (FUSED && !PARTIAL) {
         static_assert(C::TM % 2 == 0 && C::TN % 2 == 0, "the range check takes words in pairs");
-        TOVL_UNROLL
-        for (uint32_t m = 0; m < C::TM; m += 2) {
-            range->add_x(xp[m], xp[m + 1]);
+        if constexpr (XHI > XLO) {
+            TOVL_UNROLL
+            for (uint32_t m = XLO; m < XHI; m += 2) {
+                range->add_x(xp[m], xp[m + 1]);
+            }
         }
         TOVL_UNROLL
         for (uint32_t n = 0; n < C::TN; n += 2) {
@@ -434,11 +442,37 @@ __device__ __forceinline__ constexpr uint32_t lmhead_slot_words(uint32_t j) {
     return j < C::X_JOBS ? C::BM * C::WORDS : C::BN * C::WORDS;
 }
 
+/* A number known at compile time (a ring slot, a row bound). */
+template <uint32_t B>
+struct LmheadBuf {
+    static constexpr uint32_t value = B;
+};
+/* Chunks c0 + B .. c0 + STAGES - 1 (those below n) of a loop unrolled by the
+ * ring's length, so that every chunk's ring slots are constants: shared
+ * addresses become immediates, about 12 instructions a chunk fewer than a
+ * slot computed as c % STAGES. False once n is reached. */
+template <uint32_t B, uint32_t STAGES, class Step>
+__device__ __forceinline__ bool lmhead_ring_steps(uint32_t c0, uint32_t n, Step &step) {
+    if constexpr (B == STAGES) {
+        return true;
+    } else {
+        if (c0 + B >= n) {
+            return false;
+        }
+        step(LmheadBuf<B>{}, c0 + B);
+        return lmhead_ring_steps<B + 1, STAGES>(c0, n, step);
+    }
+}
+
 /* One tile: the rows x_src points at (null: no row) x overlay rows
  * [k0, k_end) of slot s. Every thread calls it. `inexact`: a word of shared
- * memory for the range check's vote; x_any: a row of the tile's group. */
+ * memory for the range check's vote, x_halves its exchange of hidden-row
+ * bounds; `range`: this thread's bounds, the hidden rows' kept from the
+ * block's first tile (x_fresh) for its later ones; x_any: a row of the
+ * tile's group. */
 template <class C, bool F32_LOGITS>
 __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], uint32_t &inexact,
+                            uint2 (&x_halves)[C::THREADS], LmheadRange &range, bool x_fresh,
                             const tovl_lmhead_overlay_args &a, const LmheadSlot &slot,
                             const uint16_t *const (&x_src)[C::X_JOBS], const uint16_t *x_any, uint32_t k0,
                             uint32_t k_end) {
@@ -506,23 +540,33 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
         }
     };
     /* Chunk c: wait for it, free the slot of chunk c - 1 for chunk c + STAGES - 1. */
-    const auto advance = [&](auto fast, uint32_t c) {
+    const auto advance = [&](auto fast, uint32_t c, uint32_t next_buf) {
         copy_async_wait<STAGES - 2>(); /* this thread's part of chunk c is in place */
         __syncthreads();               /* everyone's is, and nobody reads chunk c - 1 */
         const uint32_t next = c + STAGES - 1;
         if (next < whole) {
-            stage(fast, next, next % STAGES); /* the slot of chunk c - 1 */
+            stage(fast, next, next_buf); /* the slot of chunk c - 1 */
         }
         copy_async_commit();
+    };
+    /* The whole chunks: body(buf) computes the chunk in ring slot buf. */
+    const auto chunk_loop = [&](auto fast, auto &&body) {
+        const auto step = [&](auto b, uint32_t c) {
+            constexpr uint32_t B = decltype(b)::value;
+            advance(fast, c, (B + STAGES - 1) % STAGES);
+            body(B);
+        };
+        for (uint32_t c0 = 0; c0 < whole; c0 += STAGES) {
+            if (!lmhead_ring_steps<0, STAGES>(c0, whole, step)) {
+                break;
+            }
+        }
     };
     using Fast = LmheadStaging<true>;
     using Plain = LmheadStaging<false>;
     /* The whole chunks in the spec's order, once prologue(Plain{}) has run. */
     const auto whole_chunks_unfused = [&]() {
-        for (uint32_t c = 0; c < whole; c++) {
-            advance(Plain{}, c);
-            lmhead_accumulate<C, false>(sh, acc, c % STAGES, group, q, C::CHUNK);
-        }
+        chunk_loop(Plain{}, [&](uint32_t buf) { lmhead_accumulate<C, false>(sh, acc, buf, group, q, C::CHUNK); });
     };
     clear();
     if (tid == 0) {
@@ -543,10 +587,34 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
         tile_ids[tid] = k0 + tid < k_end ? ldg(slot.ids + k0 + tid) : UINT32_MAX;
     }
     if (fused) {
-        LmheadRange range;
-        for (uint32_t c = 0; c < whole; c++) {
-            advance(Fast{}, c);
-            lmhead_accumulate<C, false, true>(sh, acc, c % STAGES, group, q, C::CHUNK, &range);
+        /* The range check's hidden-row bounds: group 0 takes rows 0 .. TM/2
+         * - 1 of the words its threads read, group 1 the rest, and each
+         * thread then joins its partner's (the same words of the other rows);
+         * a block's later columns keep them (the same rows). */
+        range.w_max = 0;
+        range.w_min1 = ~0u;
+        if (x_fresh) {
+            range.x_max = 0;
+            range.x_min1 = ~0u;
+        }
+        const auto fused_chunks = [&](auto x_lo, auto x_hi) {
+            constexpr uint32_t LO = decltype(x_lo)::value, HI = decltype(x_hi)::value;
+            chunk_loop(Fast{}, [&](uint32_t buf) {
+                lmhead_accumulate<C, false, true, LO, HI>(sh, acc, buf, group, q, C::CHUNK, &range);
+            });
+        };
+        if (!x_fresh) {
+            fused_chunks(LmheadBuf<0>{}, LmheadBuf<0>{});
+        } else if (group == 0) { /* uniform per warp */
+            fused_chunks(LmheadBuf<0>{}, LmheadBuf<C::TM / 2>{});
+        } else {
+            fused_chunks(LmheadBuf<C::TM / 2>{}, LmheadBuf<C::TM>{});
+        }
+        if (x_fresh) {
+            x_halves[tid] = uint2{range.x_max, range.x_min1};
+            __syncthreads();
+            const uint2 other = x_halves[tid ^ C::GROUP];
+            range.join_x(other.x, other.y);
         }
         if (!range.ok()) {
             inexact = 1;
@@ -727,6 +795,7 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     __shared__ LmheadShared<C> sh;
     __shared__ uint32_t tile_ids[C::BN]; /* outside sh: written before the loop, read after it */
     __shared__ uint32_t inexact;         /* the range check's vote (lmhead_tile) */
+    __shared__ uint2 x_halves[C::THREADS]; /* its hidden-row bounds, exchanged between the groups */
     const uint32_t tid = threadIdx.x;
     uint32_t s, g;
     LmheadSlot cells;
@@ -763,8 +832,10 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     }
     const uint16_t *x_any = ptr<const uint16_t>(a.hidden) + (size_t)sh.scan.rows[0] * a.h; /* len >= 1 */
     /* Columns beyond CUDA's y limit: block y also does y + gridDim.y, ... */
+    LmheadRange range; /* the hidden rows' bounds serve every column of the block */
     for (uint32_t k0 = place.y * C::BN; k0 < n; k0 += gridDim.y * C::BN) {
-        lmhead_tile<C, F32_LOGITS>(sh, tile_ids, inexact, a, cells, x_src, x_any, k0, min_of(k0 + C::BN, n));
+        lmhead_tile<C, F32_LOGITS>(sh, tile_ids, inexact, x_halves, range, k0 == place.y * C::BN, a, cells, x_src,
+                                   x_any, k0, min_of(k0 + C::BN, n));
     }
 }
 
