@@ -59,9 +59,23 @@ uint f32_to_bf16(float value) {
 }
 
 // One logical grid index spread over X and Y of the dispatch, because a single
-// dispatch dimension is only guaranteed 65535 workgroups.
+// dispatch dimension is only guaranteed 65535 workgroups. gl_NumWorkGroups is
+// read only past the first row of workgroups: on NVIDIA's driver it is a trip
+// to memory that the shader's first load waits for (an idle embed dispatch on
+// the H200: 2.22 -> 2.02 us without it; docs/VULKAN.md, Embed lookups).
 uint linear_group_xy() {
+    if (gl_WorkGroupID.y == 0u) {
+        return gl_WorkGroupID.x;
+    }
     return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+}
+
+// The same over Y and Z.
+uint linear_group_yz() {
+    if (gl_WorkGroupID.z == 0u) {
+        return gl_WorkGroupID.y;
+    }
+    return gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
 }
 
 // The slot of row t: the per-row array when present, else the one active slot.

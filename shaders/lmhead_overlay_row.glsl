@@ -61,7 +61,7 @@ uvec4 load_eight_scalar(uint64_t row, uint first, uint h) {
 
 void main() {
     uint chunk = gl_WorkGroupID.x;
-    uint t = gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y;
+    uint t = linear_group_yz();
     if (t >= args.T) {
         return; // every early return here is uniform across the workgroup
     }
