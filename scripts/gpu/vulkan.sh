@@ -35,8 +35,10 @@ else
 fi
 
 if [ "$validation" = on ]; then
-  # (the SPIR-V checks need the build machine's spirv-dis; CI runs them)
-  step ctest ctest --test-dir "$build" -R 'vulkan' -E 'spirv_no_contraction' --output-on-failure
+  # (the SPIR-V checks need the build machine's spirv-dis, the tp CLI tests
+  # its cmake; CI runs them)
+  step ctest ctest --test-dir "$build" -R 'vulkan' -E 'spirv_no_contraction|test_tp_cli_|test_tp_bench_' \
+    --output-on-failure
 else
   # The validation-counted tests need the layer; run the rest.
   step ctest ctest --test-dir "$build" -R '^test_vulkan$' --output-on-failure
