@@ -594,6 +594,111 @@ Test(vulkan, hooks_record_into_the_callers_command_buffer_bit_exact) {
     free(d);
 }
 
+/* One hook's run on a backend: embed (hidden patched in place), then lm_head
+ * into f32 logits, over WIDE_T rows of one slot (some at -1). */
+enum { WIDE_T = 65535 + 129, WIDE_H = 8, WIDE_V = 32, WIDE_NE = 6, WIDE_NL = 3 };
+typedef struct wide_data {
+    uint32_t eids[WIDE_NE], lids[WIDE_NL];
+    uint16_t erows[WIDE_NE * WIDE_H], lrows[WIDE_NL * WIDE_H];
+    uint16_t hidden[WIDE_T * WIDE_H];
+    uint32_t ids[WIDE_T];
+    int32_t slots[WIDE_T];
+    float logits[WIDE_T * WIDE_V];
+} wide_data;
+
+static void wide_run(tovl_backend *be, const wide_data *d, uint16_t *hidden, float *logits, uint32_t *changed,
+                     uint32_t *n_changed) {
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_embed_overlay *ov = NULL;
+    cr_assert_eq(tu_build(be, WIDE_V, WIDE_H, d->eids, d->erows, WIDE_NE, true, d->lids, d->lrows, WIDE_NL, false, &ov),
+                 TOVL_OK, "%s", tovl_last_error());
+    tovl_token_overlay_set *set = NULL;
+    cr_assert_eq(tovl_token_overlay_set_from_slots(be, &ov, 1, false, &set), TOVL_OK, "%s", tovl_last_error());
+    tovl_devptr h = 0, orig = 0, ids = 0, slots = 0, lg = 0;
+    cr_assert_eq(tovl_alloc(be, sizeof d->hidden, &h), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, sizeof d->hidden, &orig), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, sizeof d->ids, &ids), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, sizeof d->slots, &slots), TOVL_OK);
+    cr_assert_eq(tovl_alloc(be, sizeof d->logits, &lg), TOVL_OK);
+    cr_assert_eq(tovl_upload(be, h, d->hidden, sizeof d->hidden), TOVL_OK);
+    cr_assert_eq(tovl_upload(be, orig, d->hidden, sizeof d->hidden), TOVL_OK);
+    cr_assert_eq(tovl_upload(be, ids, d->ids, sizeof d->ids), TOVL_OK);
+    cr_assert_eq(tovl_upload(be, slots, d->slots, sizeof d->slots), TOVL_OK);
+    cr_assert_eq(tovl_upload(be, lg, d->logits, sizeof d->logits), TOVL_OK);
+    tovl_embed_hook_args ea = {.hidden = h, .token_ids = ids, .slots = slots, .T = WIDE_T, .hidden_size = WIDE_H};
+    cr_assert_eq(tovl_embed_hook(set, &k, &ea, NULL), TOVL_OK, "%s", tovl_last_error());
+    tovl_lmhead_hook_args la = {.logits = lg, .logits_dtype = TOVL_LOGITS_F32, .ld = WIDE_V, .hidden = h,
+                                .slots = slots, .T = WIDE_T, .hidden_size = WIDE_H};
+    cr_assert_eq(tovl_lmhead_hook(set, &k, &la, NULL), TOVL_OK, "%s", tovl_last_error());
+    /* rowdiff over as many rows: the patched rows against the originals. */
+    cr_assert_eq(tovl_rowdiff(be, &k, h, orig, WIDE_T, WIDE_H, 0.0f, changed, n_changed), TOVL_OK, "%s",
+                 tovl_last_error());
+    cr_assert_eq(tovl_synchronize(be, NULL), TOVL_OK);
+    cr_assert_eq(tovl_download(be, hidden, h, sizeof d->hidden), TOVL_OK);
+    cr_assert_eq(tovl_download(be, logits, lg, sizeof d->logits), TOVL_OK);
+    tovl_free(be, h);
+    tovl_free(be, orig);
+    tovl_free(be, ids);
+    tovl_free(be, slots);
+    tovl_free(be, lg);
+    tovl_token_overlay_set_destroy(set);
+    tovl_embed_overlay_release(ov);
+}
+
+/* More workgroups than one dispatch dimension holds on lavapipe (65535): the
+ * embed and rowdiff shaders' index spreads over X and Y, the lm_head rows'
+ * over Y and Z (common.glsl), and every row past the first 65535 must land
+ * where the CPU puts it. Devices with a larger limit run one row of groups. */
+Test(vulkan, hooks_past_one_dimension_of_workgroups, .timeout = 300) {
+    setenv("TOVL_VULKAN_LMHEAD", "row", 1); /* the tiles would each scan all 65664 rows */
+    tovl_backend *be = open_vulkan();
+    unsetenv("TOVL_VULKAN_LMHEAD");
+    tu_rng r = tu_rng_for("vulkan_wide_grid");
+    wide_data *d = calloc(1, sizeof *d);
+    cr_assert_not_null(d);
+    for (uint32_t i = 0; i < WIDE_NE; i++) {
+        d->eids[i] = 5 * i + 1;
+    }
+    for (uint32_t i = 0; i < WIDE_NL; i++) {
+        d->lids[i] = 7 * i + 3;
+    }
+    tu_fill_bf16(&r, d->erows, WIDE_NE * WIDE_H);
+    tu_fill_bf16(&r, d->lrows, WIDE_NL * WIDE_H);
+    tu_fill_bf16(&r, d->hidden, (size_t)WIDE_T * WIDE_H);
+    for (uint32_t t = 0; t < WIDE_T; t++) {
+        d->slots[t] = tu_below(&r, 8) == 0 ? -1 : 0;
+        d->ids[t] = tu_below(&r, 2) ? d->eids[tu_below(&r, WIDE_NE)] : tu_below(&r, WIDE_V);
+    }
+    d->slots[WIDE_T - 1] = 0; /* the last row, in the second row of groups, patches */
+    d->ids[WIDE_T - 1] = d->eids[0];
+    for (size_t i = 0; i < (size_t)WIDE_T * WIDE_V; i++) {
+        d->logits[i] = (float)(int32_t)tu_next(&r) * 1e-9f;
+    }
+    static uint16_t want_h[WIDE_T * WIDE_H], got_h[WIDE_T * WIDE_H];
+    static float want_l[WIDE_T * WIDE_V], got_l[WIDE_T * WIDE_V];
+    static uint32_t want_c[WIDE_T], got_c[WIDE_T];
+    memset(got_h, 0xA5, sizeof got_h);
+    memset(got_l, 0xA5, sizeof got_l);
+    uint32_t want_n = 0, got_n = 0;
+    tovl_backend *cpu = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &cpu), TOVL_OK);
+    wide_run(cpu, d, want_h, want_l, want_c, &want_n);
+    wide_run(be, d, got_h, got_l, got_c, &got_n);
+    cr_assert_neq(memcmp(&want_h[(WIDE_T - 1) * WIDE_H], &d->hidden[(WIDE_T - 1) * WIDE_H], WIDE_H * 2), 0,
+                  "the reference left the last row alone");
+    cr_assert_gt(want_n, WIDE_T / 4, "the reference patched only %u rows", want_n);
+    for (size_t i = 0; i < (size_t)WIDE_T * WIDE_H; i++) {
+        cr_assert_eq(got_h[i], want_h[i], "hidden[%zu][%zu]: 0x%04x, reference 0x%04x", i / WIDE_H, i % WIDE_H,
+                     got_h[i], want_h[i]);
+    }
+    cr_assert_eq(memcmp(got_l, want_l, sizeof got_l), 0, "logits differ from the reference");
+    cr_assert_eq(got_n, want_n, "rowdiff: %u rows, reference %u", got_n, want_n);
+    cr_assert_eq(memcmp(got_c, want_c, want_n * sizeof *got_c), 0, "rowdiff's rows differ from the reference");
+    tovl_backend_close(cpu);
+    tovl_backend_close(be);
+    free(d);
+}
+
 Test(vulkan, wrap_refuses_bad_descriptions_and_leaves_the_device) {
     engine e;
     tovl_backend *be = wrap_engine(&e);
