@@ -444,7 +444,7 @@ __device__ __forceinline__ constexpr uint32_t lmhead_slot_words(uint32_t j) {
 
 /* A number known at compile time (a ring slot, a row bound). */
 template <uint32_t B>
-struct LmheadBuf {
+struct LmheadIndex {
     static constexpr uint32_t value = B;
 };
 /* Chunks c0 + B .. c0 + STAGES - 1 (those below n) of a loop unrolled by the
@@ -459,7 +459,7 @@ __device__ __forceinline__ bool lmhead_ring_steps(uint32_t c0, uint32_t n, Step 
         if (c0 + B >= n) {
             return false;
         }
-        step(LmheadBuf<B>{}, c0 + B);
+        step(LmheadIndex<B>{}, c0 + B);
         return lmhead_ring_steps<B + 1, STAGES>(c0, n, step);
     }
 }
@@ -604,11 +604,11 @@ __device__ void lmhead_tile(LmheadShared<C> &sh, uint32_t (&tile_ids)[C::BN], ui
             });
         };
         if (!x_fresh) {
-            fused_chunks(LmheadBuf<0>{}, LmheadBuf<0>{});
+            fused_chunks(LmheadIndex<0>{}, LmheadIndex<0>{});
         } else if (group == 0) { /* uniform per warp */
-            fused_chunks(LmheadBuf<0>{}, LmheadBuf<C::TM / 2>{});
+            fused_chunks(LmheadIndex<0>{}, LmheadIndex<C::TM / 2>{});
         } else {
-            fused_chunks(LmheadBuf<C::TM / 2>{}, LmheadBuf<C::TM>{});
+            fused_chunks(LmheadIndex<C::TM / 2>{}, LmheadIndex<C::TM>{});
         }
         if (x_fresh) {
             x_halves[tid] = uint2{range.x_max, range.x_min1};
