@@ -336,6 +336,16 @@ static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
     }
 }
 
+/* Row `row` of a band probe: elements +-(1 + a / 128) 2^exponent, a and the
+ * signs varying by element. */
+static void band_row(uint16_t *rows, size_t row, uint32_t h, int exponent) {
+    for (uint32_t i = 0; i < h; i++) {
+        const uint32_t mix = (uint32_t)(row * 40503u + i) * 2654435761u;
+        const float v = ldexpf(1.0f + (float)((mix >> 24) & 127u) / 128.0f, exponent);
+        rows[row * h + i] = tovl_f32_to_bf16((mix >> 31) ? -v : v);
+    }
+}
+
 /* Every element where bf16 x bf16 products stop being exact in f32: hidden
  * elements +-(1 + a / 128) 2^-60 (biased exponent 67), overlay elements
  * +-(1 + b / 128) 2^-76 (51), so each product is (128 + a)(128 + b) 2^-150,
@@ -346,11 +356,7 @@ static void tie_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden
  * exact) would still be right. a, b and the signs vary by element. */
 static void band_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side) {
     for (size_t row = 0; row < count; row++) {
-        for (uint32_t i = 0; i < h; i++) {
-            const uint32_t mix = (uint32_t)(row * 40503u + i) * 2654435761u;
-            const float v = ldexpf(1.0f + (float)((mix >> 24) & 127u) / 128.0f, hidden_side ? -60 : -76);
-            rows[row * h + i] = tovl_f32_to_bf16((mix >> 31) ? -v : v);
-        }
+        band_row(rows, row, h, hidden_side ? -60 : -76);
     }
 }
 
@@ -367,12 +373,7 @@ static void band_probe_rows(uint16_t *rows, size_t count, uint32_t h, bool hidde
 static void band_halves_rows(uint16_t *rows, size_t count, uint32_t h, bool hidden_side) {
     for (size_t row = 0; row < count; row++) {
         const bool band = hidden_side ? row % 8 >= 4 : row % 8 < 4;
-        const int e = band ? (hidden_side ? -60 : -76) : 0;
-        for (uint32_t i = 0; i < h; i++) {
-            const uint32_t mix = (uint32_t)(row * 40503u + i) * 2654435761u;
-            const float v = ldexpf(1.0f + (float)((mix >> 24) & 127u) / 128.0f, e);
-            rows[row * h + i] = tovl_f32_to_bf16((mix >> 31) ? -v : v);
-        }
+        band_row(rows, row, h, band ? (hidden_side ? -60 : -76) : 0);
     }
 }
 
