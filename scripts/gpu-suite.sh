@@ -19,7 +19,7 @@ case "$phase" in all|check|sanitize) ;; *) echo "usage: gpu-suite.sh [all|check|
 shift $(( $# > 0 ? 1 : 0 ))
 parts=("$@")
 for p in "${parts[@]}"; do
-  [ -f "scripts/gpu/$p.sh" ] || [ -f "$(dirname "$0")/gpu/$p.sh" ] || { echo "gpu-suite.sh: no part '$p' (scripts/gpu/$p.sh)"; exit 2; }
+  [ -f "$(dirname "$0")/gpu/$p.sh" ] || { echo "gpu-suite.sh: no part '$p' (scripts/gpu/$p.sh)"; exit 2; }
 done
 here=$(cd "$(dirname "$0")/.." && pwd)
 final_out=${OUT:-/tmp/tovl-gpu-out}
