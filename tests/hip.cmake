@@ -1,8 +1,10 @@
 # HIP backend tests (included by tests/CMakeLists.txt).
 #   test_hip              the runtime path here: unavailable with the runtime's reason, silent, nothing leaked
 #   test_hip_bundle       the embedded bundle read back: every target, the four kernels, its machine, no flushing
-#   test_hip_no_fused_fp  the disassembly of every code object: no fused multiply-add
-#   test_hip_fused_check_sees_contraction   ... and that check does see one in a bundle built to have them
+#   test_hip_no_fused_fp  the disassembly of every code object: no fused multiply-add in rowdiff and embed,
+#                         in lm_head only the tiles' range-proven f32 fma beside the unfused paths' mul and add
+#   test_hip_fused_check_sees_contraction   ... and that check does see contraction of the unfused paths
+#                         in a bundle built with it on
 #   test_conform_hip      the conformance suite on an AMD GPU (skips with the reason without one)
 #   test_hip_on_cuda      the HIP port's source compiled by nvcc and run through the CUDA backend
 if(TOVL_HAVE_HIP)
@@ -26,7 +28,8 @@ if(TOVL_HAVE_HIP)
     add_test(NAME test_hip_no_fused_fp
       COMMAND ${hip_check} -DBUNDLE=${TOVL_HIP_BUNDLE} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/hip_code_objects
               -P ${PROJECT_SOURCE_DIR}/backends/hip/check_code_objects.cmake)
-    # The same source built with contraction on, to prove the check can fail.
+    # The same source built with contraction on, to prove the check can fail:
+    # it turns the lm_head kernels' unfused products into fmas.
     set(hip_contracted ${CMAKE_CURRENT_BINARY_DIR}/token_overlay_contracted.hipfb)
     string(REPLACE "-ffp-contract=off" "-ffp-contract=fast" hip_contracted_command "${TOVL_HIP_BUNDLE_COMMAND}")
     add_custom_command(

@@ -2,11 +2,18 @@
 #       [-DEXPECT=fused] -P check_code_objects.cmake
 #
 # Unbundles each target's code object and disassembles the four kernels. The
-# spec's dot order rounds every product and every sum, so no fused f32
-# multiply-add may appear (v_fma*, v_fmac*, v_mac*, v_mad*_f32, their VOPD and
-# packed forms, v_dot*); and the lm_head kernels must show f32 multiplies and
-# adds, so an empty or wrong disassembly cannot pass. EXPECT=fused checks the
-# opposite on a bundle built with contraction on: the check must see it.
+# spec's dot order rounds every product and every sum, so rowdiff and
+# embed_overlay may hold no fused f32 multiply-add at all (v_fma*, v_fmac*,
+# v_mac*, v_mad*_f32, their VOPD and packed forms, v_dot*). The lm_head
+# kernels fuse in one place, the tiles' range-proven loop (token_overlay.hip,
+# TileRange), as correctly rounded f32 fmas: v_fma_f32, v_fmac_f32,
+# v_pk_fma_f32, v_dual_fmac_f32 and no other fused form. Everything else in
+# them stays unfused (the tiles' fallback and partial chunk, the row and
+# small-batch paths), so each must show f32 multiplies and adds, more
+# multiplies than fused instructions: contraction of the unfused paths would
+# turn most multiplies into fmas, and an empty or wrong disassembly cannot
+# pass. EXPECT=fused checks a bundle built with contraction on: in every
+# target the check must see it (some kernel breaks those rules).
 cmake_minimum_required(VERSION 3.25) # quoted if() arguments are strings, not variables
 foreach(var BUNDLE BUNDLER OBJDUMP TARGETS WORK)
   if(NOT ${var})
@@ -22,6 +29,7 @@ foreach(tool ${BUNDLER} ${OBJDUMP})
   endif()
 endforeach()
 set(fused_re "v_(pk_|dual_)?(fma|fmac|mac|mad|fmaak|fmamk|madak|madmk)[a-z0-9_]*_f(16|32|64)|v_(fma|mad)_mix|v_dot[0-9]")
+set(proven_re "^v_(pk_|dual_)?fmac?_f32$") # the forms of __fmaf_rn (one rounding)
 set(kernels rowdiff embed_overlay lmhead_overlay_bf16 lmhead_overlay_f32)
 string(REPLACE "," ";" targets "${TARGETS}")
 file(MAKE_DIRECTORY ${WORK})
@@ -39,7 +47,7 @@ foreach(t ${targets})
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "${t}: llvm-objdump failed: ${err}")
   endif()
-  set(fused_in_lmhead 0)
+  set(broken "") # what this target's code breaks
   foreach(k ${kernels})
     string(FIND "${asm}" "<${k}>:\n" start)
     if(start EQUAL -1)
@@ -57,26 +65,39 @@ foreach(t ${targets})
     string(REGEX MATCHALL "v_(pk_|dual_)?add_f32" adds "${body}")
     list(LENGTH muls n_mul)
     list(LENGTH adds n_add)
-    if(k MATCHES "^lmhead")
-      math(EXPR fused_in_lmhead "${fused_in_lmhead} + ${n_fused}")
+    set(forms "${fused}")
+    if(forms)
+      list(REMOVE_DUPLICATES forms)
     endif()
-    if(NOT EXPECT STREQUAL "fused")
+    if(NOT k MATCHES "^lmhead")
       if(n_fused GREATER 0)
-        list(REMOVE_DUPLICATES fused)
-        list(APPEND failures "${t} ${k}: ${n_fused} fused instructions (${fused})")
+        list(APPEND broken "${k}: ${n_fused} fused instructions (${forms}) where none may be")
       endif()
-      if(k MATCHES "^lmhead" AND (n_mul EQUAL 0 OR n_add EQUAL 0))
-        list(APPEND failures "${t} ${k}: no v_mul_f32/v_add_f32 at all: the disassembly is not what was expected")
+    else()
+      foreach(f ${forms})
+        if(NOT f MATCHES "${proven_re}")
+          list(APPEND broken "${k}: ${f}, not a form of the tiles' proven fma")
+        endif()
+      endforeach()
+      if(n_mul EQUAL 0 OR n_add EQUAL 0)
+        list(APPEND broken "${k}: no v_mul_f32/v_add_f32 at all: the unfused paths are missing or the disassembly is not what was expected")
+      elseif(NOT n_mul GREATER n_fused)
+        list(APPEND broken "${k}: ${n_fused} fused instructions against ${n_mul} f32 multiplies: the unfused paths were contracted")
       endif()
-      message(STATUS "${t} ${k}: ${n_mul} f32 multiplies, ${n_add} f32 adds, ${n_fused} fused")
     endif()
+    message(STATUS "${t} ${k}: ${n_mul} f32 multiplies, ${n_add} f32 adds, ${n_fused} fused (${forms})")
   endforeach()
   if(EXPECT STREQUAL "fused")
-    if(fused_in_lmhead EQUAL 0)
-      list(APPEND failures "${t}: contraction on, yet no fused instruction found: the check is blind")
+    if(broken)
+      string(REPLACE ";" "; " text "${broken}")
+      message(STATUS "${t}: contraction on is seen: ${text}")
     else()
-      message(STATUS "${t}: contraction on gives ${fused_in_lmhead} fused instructions in the lm_head kernels (seen)")
+      list(APPEND failures "${t}: contraction on, yet every kernel passes: the check is blind")
     endif()
+  else()
+    foreach(b ${broken})
+      list(APPEND failures "${t} ${b}")
+    endforeach()
   endif()
 endforeach()
 if(failures)

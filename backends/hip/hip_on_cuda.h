@@ -11,6 +11,9 @@
  *   __syncthreads, __syncthreads_or             the same functions
  *   __fmul_rn, __fadd_rn, __fsub_rn             the same, never fused (and
  *                                              nvcc runs with --fmad=false)
+ *   __fmaf_rn                                   the same: one rounding (the
+ *                                              lm_head tiles' proven path)
+ *   atomicAdd, atomicMax, atomicMin (unsigned)  the same functions
  *   __float_as_uint, __uint_as_float            the same
  *   warpSize                                    the same built-in (32)
  *   uint4                                       the same vector type
@@ -19,6 +22,8 @@
  *   __shfl_down(v, delta, width)                __shfl_down_sync over the warp
  *   __shfl(v, src_lane, width)                  __shfl_sync over the warp
  * A HIP-only name used in the port fails to compile here: map it below.
+ * Under TOVL_HIP_ON_CUDA the port also calls sm_90's __vimax3_u16x2 and
+ * __viaddmin_u16x2 where AMD has packed 16-bit operations (its range check).
  *
  * And the port's two hooks for programmatic dependent launch, empty on AMD:
  *   TOVL_HIP_GRID_DEPENDENCY_WAIT()     griddepcontrol.wait (sm_90 and newer)

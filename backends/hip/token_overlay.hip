@@ -17,7 +17,10 @@
  * Arithmetic: each product and each sum is its own f32 operation, rounded to
  * nearest even. HIP's __fmul_rn / __fadd_rn are plain * and +, so the build
  * passes -ffp-contract=off (and a test checks the code objects for fused
- * instructions); denormals are kept (-fno-gpu-flush-denormals-to-zero).
+ * instructions); denormals are kept (-fno-gpu-flush-denormals-to-zero). One
+ * exception gives the same bits: the lm_head tiles take one __fmaf_rn per
+ * product and sum where a range check proves every product of the tile
+ * exact in f32 (TileRange), and redo a tile that fails it unfused.
  *
  * Arguments: one struct per kernel, passed by value (include/tovl/kernel_args.h).
  * Launch shapes: token_overlay_shape.h (hip_geometry.c maps the core's
@@ -627,11 +630,103 @@ constexpr uint32_t TILE_STAGE_JOBS = TILE_STAGED_ROWS * TILE_VECTORS / BLOCK; /*
 constexpr uint32_t TILE_HIDDEN_JOBS = TILE_ROWS * TILE_VECTORS / BLOCK;        /* of them, of hidden rows */
 static_assert(TILE_X_CHUNK % TOVL_DOT_LANES == 0 && (TILE_ROWS * TILE_VECTORS) % BLOCK == 0, "whole jobs");
 
-/* A tile block's LDS: two chunks of its rows (16 KiB with 256-element chunks). */
+/* A tile block's LDS: two chunks of its rows (16 KiB with 256-element
+ * chunks), and the range check's join (tile_range_ok). */
 struct TileLds {
     uint4 staged[2][TILE_STAGED_ROWS][TILE_VECTORS];
     uint32_t rows_of[TILE_ROWS];
+    uint32_t bounds[4];
 };
+
+/* Whether the tiles fuse products into sums where the range check allows. */
+#ifndef TOVL_HIP_LMHEAD_FUSE
+#define TOVL_HIP_LMHEAD_FUSE 1
+#endif
+
+/* max(a, b, c) and min(a + b, c) on the two unsigned 16-bit halves of a
+ * word, each half on its own (the add wraps): sm_90's DPX operations on
+ * NVIDIA (the kernel emulation models them), packed 16-bit max, min and add
+ * on AMD (v_pk_max_u16, v_pk_min_u16, v_pk_sub_u16). */
+#if defined(TOVL_HIP_ON_CUDA) || defined(TOVL_HIP_EMU)
+__device__ static inline uint32_t u16x2_max3(uint32_t a, uint32_t b, uint32_t c) {
+    return __vimax3_u16x2(a, b, c);
+}
+__device__ static inline uint32_t u16x2_addmin(uint32_t a, uint32_t b, uint32_t c) {
+    return __viaddmin_u16x2(a, b, c);
+}
+#else
+typedef unsigned short tovl_u16x2 __attribute__((ext_vector_type(2)));
+__device__ static inline tovl_u16x2 as_u16x2(uint32_t v) {
+    return __builtin_bit_cast(tovl_u16x2, v);
+}
+__device__ static inline uint32_t u16x2_max3(uint32_t a, uint32_t b, uint32_t c) {
+    return __builtin_bit_cast(
+        uint32_t, __builtin_elementwise_max(__builtin_elementwise_max(as_u16x2(a), as_u16x2(b)), as_u16x2(c)));
+}
+__device__ static inline uint32_t u16x2_addmin(uint32_t a, uint32_t b, uint32_t c) {
+    return __builtin_bit_cast(uint32_t, __builtin_elementwise_min(as_u16x2(a) + as_u16x2(b), as_u16x2(c)));
+}
+#endif
+
+/* The range check of the fused chunks, the CUDA tiles' (lmhead_overlay.cuh,
+ * LmheadRange) with the same band. Over the vectors a thread stages it keeps
+ * the largest bf16 magnitude and the smallest nonzero one of the hidden rows
+ * and of the overlay rows (per 16-bit half; the magnitude minus one through
+ * u16x2_addmin, so that zero wraps to the top and drops out). Each element
+ * of a chunk is staged by one thread, through its registers, so the block's
+ * threads together see every operand once; tile_range_ok joins them. */
+struct TileRange {
+    uint32_t x_max, x_min1, w_max, w_min1;
+    __device__ void clear() {
+        x_max = w_max = 0;
+        x_min1 = w_min1 = ~0u;
+    }
+    __device__ static inline void add(uint32_t &max, uint32_t &min1, const uint4 &v) {
+        const uint32_t a = v.x & 0x7FFF7FFFu, b = v.y & 0x7FFF7FFFu, c = v.z & 0x7FFF7FFFu, d = v.w & 0x7FFF7FFFu;
+        max = u16x2_max3(u16x2_max3(max, a, b), c, d);
+        min1 = u16x2_addmin(a, 0xFFFFFFFFu, min1);
+        min1 = u16x2_addmin(b, 0xFFFFFFFFu, min1);
+        min1 = u16x2_addmin(c, 0xFFFFFFFFu, min1);
+        min1 = u16x2_addmin(d, 0xFFFFFFFFu, min1);
+    }
+};
+
+/* The join's words as the block's first tile finds them: no magnitude yet. */
+__device__ static inline void tile_range_reset(uint32_t (&bounds)[4]) {
+    bounds[0] = bounds[2] = 0;
+    bounds[1] = bounds[3] = 0xFFFFu;
+}
+
+/* Every thread's bounds joined in LDS: whether every product of the tile is
+ * exact in f32, the same answer in every thread. Where both sides' nonzero
+ * elements are normal with biased exponents summing to at least 128
+ * (products >= 2^-126) and the largest to at most 380 (products < 2^128),
+ * every bf16 x bf16 product is exact (two 8-bit significands): fma(x, w, p)
+ * then rounds p + x w once, as the spec's sum of the rounded product does,
+ * and so does a zero product. A subnormal, Inf or NaN fails. The join takes
+ * the tile's extremes rather than each thread's own operands: any product of
+ * the tile lies within them. Every thread calls it; `bounds` as
+ * tile_range_reset leaves them, and so again on return. */
+__device__ static inline bool tile_range_ok(const TileRange &r, uint32_t (&bounds)[4]) {
+    const auto larger = [](uint32_t v) { return (v & 0xFFFFu) > (v >> 16) ? v & 0xFFFFu : v >> 16; };
+    const auto smaller = [](uint32_t v) { return (v & 0xFFFFu) < (v >> 16) ? v & 0xFFFFu : v >> 16; };
+    atomicMax(&bounds[0], larger(r.x_max));
+    atomicMin(&bounds[1], smaller(r.x_min1));
+    atomicMax(&bounds[2], larger(r.w_max));
+    atomicMin(&bounds[3], smaller(r.w_min1));
+    __syncthreads();
+    const uint32_t x_hi = bounds[0], x_lo = bounds[1] + 1u, w_hi = bounds[2], w_lo = bounds[3] + 1u;
+    __syncthreads(); /* every thread has read them */
+    if (threadIdx.x == 0) {
+        tile_range_reset(bounds);
+    }
+    if (x_lo > 0xFFFFu || w_lo > 0xFFFFu) {
+        return true; /* one side is all zeros: so is every product */
+    }
+    const uint32_t ex_lo = x_lo >> 7, ew_lo = w_lo >> 7, ex_hi = x_hi >> 7, ew_hi = w_hi >> 7;
+    return ex_lo >= 1u && ew_lo >= 1u && ex_hi <= 254u && ew_hi <= 254u && ex_lo + ew_lo >= 128u &&
+           ex_hi + ew_hi <= 380u;
+}
 
 /* Inclusive prefix sum of v over the block's threads (in thread order) and
  * the block's total; every thread calls it. Through LDS with a barrier per
@@ -748,12 +843,16 @@ __device__ static inline void tile_load_chunk(const TileSources &src, uint32_t c
  * registers while chunk c is computed from LDS buffer c % 2, one barrier a
  * chunk (no asynchronous copies on AMD: software pipelining). Every cell is
  * computed, those of absent rows too (their rows are stand-ins, their sums
- * never stored): no branch in the loop. Every thread calls it. */
-template <bool WHOLE>
+ * never stored): no branch in the loop. FUSED (whole chunks only): one
+ * __fmaf_rn per product and sum, and the vectors this thread stages go into
+ * `range`; the cells are kept only where tile_range_ok then holds. Every
+ * thread calls it. */
+template <bool WHOLE, bool FUSED>
 __device__ static inline void tile_chunks(float (&acc)[TILE_TM][TILE_TN][LANES], TileLds &lds,
                                           const TileSources &src, uint32_t tile_row,
                                           uint32_t overlay_row, uint32_t c_begin, uint32_t c_end, uint32_t h,
-                                          bool vectors) {
+                                          bool vectors, TileRange &range) {
+    static_assert(WHOLE || !FUSED, "the range check covers whole chunks");
     const uint32_t first = LANES * (threadIdx.x % GROUP);
     uint4 staged[TILE_STAGE_JOBS];
     tile_load_chunk<WHOLE>(src, c_begin, h, vectors, staged);
@@ -764,6 +863,13 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_TM][TILE_TN][LANES],
         for (uint32_t u = 0; u < TILE_STAGE_JOBS; u++) {
             const uint32_t v = threadIdx.x + u * BLOCK;
             lds.staged[buf][v / TILE_VECTORS][v % TILE_VECTORS] = staged[u];
+            if (FUSED) {
+                if (u < TILE_HIDDEN_JOBS) {
+                    TileRange::add(range.x_max, range.x_min1, staged[u]);
+                } else {
+                    TileRange::add(range.w_max, range.w_min1, staged[u]);
+                }
+            }
         }
         __syncthreads(); /* buffer buf is staged; the other was read a chunk ago */
         if (c0 + TILE_X_CHUNK < c_end) {
@@ -793,7 +899,8 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_TM][TILE_TN][LANES],
                         const float x = bf16_of(xv, i);
                         TOVL_HIP_UNROLL
                         for (uint32_t n = 0; n < TILE_TN; n++) {
-                            acc[m][n][i] = __fadd_rn(acc[m][n][i], __fmul_rn(x, w[n][i]));
+                            acc[m][n][i] = FUSED ? __fmaf_rn(x, w[n][i], acc[m][n][i])
+                                                 : __fadd_rn(acc[m][n][i], __fmul_rn(x, w[n][i]));
                         }
                     }
                 }
@@ -808,7 +915,8 @@ __device__ static inline void tile_chunks(float (&acc)[TILE_TM][TILE_TN][LANES],
  * TILE_X_CHUNK elements of each at a time, so each overlay row is read once
  * for up to TILE_ROWS rows and each hidden row once for 8 overlay rows.
  * Each dot takes the order of lmhead_rows (thread p: lanes 8p .. 8p + 7;
- * the same tree). Absent rows (past the group's or the slot's) are staged
+ * the same tree), its whole chunks fused where the range check proves that
+ * exact (TileRange) and redone unfused where it does not. Absent rows (past the group's or the slot's) are staged
  * as copies of the last present one and their cells not stored. The grid
  * has a block per row (x < T), more than the groups can number: a block
  * past ceil(T / TILE_ROWS) + min(max_loras, T), a bound on them, leaves at
@@ -835,6 +943,9 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args, TileLd
     const uint32_t *ids = ptr<const uint32_t>(ptr<const uint64_t>(args.ids_table)[s]);
     const uint16_t *hidden = ptr<const uint16_t>(args.hidden);
     const bool vectors = h % 8 == 0 && ((args.hidden | (uint64_t)(uintptr_t)rows) & 15u) == 0;
+    if (threadIdx.x == 0) {
+        tile_range_reset(lds.bounds); /* before the first tile's first barrier (tile_chunks) */
+    }
     for (uint32_t k0 = blockIdx.y * LMHEAD_ROWS; k0 < n; k0 += gridDim.y * LMHEAD_ROWS) {
         TileSources src;
         src.hidden = hidden;
@@ -845,27 +956,42 @@ __device__ static void lmhead_tiles(const tovl_lmhead_overlay_args &args, TileLd
             src.row[u] = u < TILE_HIDDEN_JOBS ? lds.rows_of[r < len ? r : len - 1] : k < n ? k : n - 1;
         }
         uint32_t id[TILE_TN];
-        float acc[TILE_TM][TILE_TN][LANES];
         TOVL_HIP_UNROLL
         for (uint32_t j = 0; j < TILE_TN; j++) {
             const uint32_t k = k0 + overlay_row + j;
             id[j] = k < n ? ids[k] : UINT32_MAX;
+        }
+        float acc[TILE_TM][TILE_TN][LANES];
+        const auto clear = [&]() {
             TOVL_HIP_UNROLL
             for (uint32_t m = 0; m < TILE_TM; m++) {
                 TOVL_HIP_UNROLL
-                for (uint32_t i = 0; i < LANES; i++) {
-                    acc[m][j][i] = 0.0f;
+                for (uint32_t j = 0; j < TILE_TN; j++) {
+                    TOVL_HIP_UNROLL
+                    for (uint32_t i = 0; i < LANES; i++) {
+                        acc[m][j][i] = 0.0f;
+                    }
                 }
             }
-        }
-        /* Whole chunks by the fast path, a partial last one (or rows not
-         * 16-byte aligned) by the general one. */
+        };
+        clear();
+        /* Whole chunks by the fast path, fused while the range check holds
+         * (a tile that fails it starts over in the spec's unfused order); a
+         * partial last one (or rows not 16-byte aligned) by the general one. */
         const uint32_t whole_end = vectors ? h / TILE_X_CHUNK * TILE_X_CHUNK : 0;
-        if (whole_end > 0) {
-            tile_chunks<true>(acc, lds, src, tile_row, overlay_row, 0, whole_end, h, vectors);
+        TileRange range;
+        range.clear();
+        if (whole_end > 0 && TOVL_HIP_LMHEAD_FUSE) {
+            tile_chunks<true, true>(acc, lds, src, tile_row, overlay_row, 0, whole_end, h, vectors, range);
+            if (!tile_range_ok(range, lds.bounds)) { /* uniform */
+                clear();
+                tile_chunks<true, false>(acc, lds, src, tile_row, overlay_row, 0, whole_end, h, vectors, range);
+            }
+        } else if (whole_end > 0) {
+            tile_chunks<true, false>(acc, lds, src, tile_row, overlay_row, 0, whole_end, h, vectors, range);
         }
         if (whole_end < h) {
-            tile_chunks<false>(acc, lds, src, tile_row, overlay_row, whole_end, h, h, vectors);
+            tile_chunks<false, false>(acc, lds, src, tile_row, overlay_row, whole_end, h, h, vectors, range);
         }
         TOVL_HIP_UNROLL
         for (uint32_t m = 0; m < TILE_TM; m++) {

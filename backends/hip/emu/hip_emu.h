@@ -4,7 +4,9 @@
  * port's token_overlay.hip, compiled as host C++ with TOVL_HIP_EMU, at a warp
  * width of 32 (RDNA's wave32) or 64 (CDNA's wave64). The width is the
  * launch's (tovl_hip_emu_launch); warpSize, __ballot and the shuffles follow
- * it. Test-only C++.
+ * it. The CUDA emulation's __fmaf_rn and its 16-bit-half max / add-min stand
+ * in for the lm_head tiles' fused path and range check (AMD's packed 16-bit
+ * operations compute the same halves). Test-only C++.
  */
 #ifndef TOVL_HIP_EMU_H
 #define TOVL_HIP_EMU_H
@@ -32,6 +34,19 @@ template <typename T>
 inline T __shfl(T value, int src_lane, int width = (int)warpSize) {
     return tovl_emu::from_bits<T>(
         tovl_emu::shfl_idx(tovl_emu::hip_all_lanes(), tovl_emu::bits_of(value), (unsigned)src_lane, (unsigned)width));
+}
+
+/* Fibers switch only at barriers and collectives: a plain read-modify-write
+ * is atomic (the lm_head tiles join their range check's bounds so). */
+inline unsigned atomicMax(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+inline unsigned atomicMin(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old < v ? old : v;
+    return old;
 }
 
 #endif /* TOVL_HIP_EMU_H */
