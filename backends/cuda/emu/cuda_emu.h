@@ -146,10 +146,21 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T value, unsigned lane_mask, int width = 32) {
     return tovl_emu::from_bits<T>(tovl_emu::shfl_xor(mask, tovl_emu::bits_of(value), lane_mask, (unsigned)width));
 }
-/* Fibers switch only at barriers and collectives: a plain add is atomic. */
+/* Fibers switch only at barriers and collectives: a plain read-modify-write
+ * is atomic (the HIP tiles join their range check's bounds by max and min). */
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
     const unsigned old = *p;
     *p = old + v;
+    return old;
+}
+inline unsigned atomicMax(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+inline unsigned atomicMin(unsigned *p, unsigned v) {
+    const unsigned old = *p;
+    *p = old < v ? old : v;
     return old;
 }
 inline int __popc(unsigned x) {

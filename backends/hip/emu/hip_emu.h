@@ -36,17 +36,4 @@ inline T __shfl(T value, int src_lane, int width = (int)warpSize) {
         tovl_emu::shfl_idx(tovl_emu::hip_all_lanes(), tovl_emu::bits_of(value), (unsigned)src_lane, (unsigned)width));
 }
 
-/* Fibers switch only at barriers and collectives: a plain read-modify-write
- * is atomic (the lm_head tiles join their range check's bounds so). */
-inline unsigned atomicMax(unsigned *p, unsigned v) {
-    const unsigned old = *p;
-    *p = old > v ? old : v;
-    return old;
-}
-inline unsigned atomicMin(unsigned *p, unsigned v) {
-    const unsigned old = *p;
-    *p = old < v ? old : v;
-    return old;
-}
-
 #endif /* TOVL_HIP_EMU_H */
