@@ -130,6 +130,12 @@ tovl_status tovl_backend_create(const tovl_backend_iface *iface, void *ctx, tovl
                           "tovl_backend_create: backend '%s' lacks a required vtable member",
                           iface->name ? iface->name : "?");
     }
+    if (iface->iface_version >= 2 && iface->fence_record && (!iface->fence_query || !iface->fence_destroy)) {
+        iface->destroy(ctx);
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "tovl_backend_create: backend '%s' has fence_record without fence_query and fence_destroy",
+                          iface->name);
+    }
     tovl_backend *be = calloc(1, sizeof *be);
     if (!be) {
         iface->destroy(ctx);
@@ -235,4 +241,46 @@ tovl_status tovl_core_launch(tovl_backend *backend, tovl_kernel kernel, uint32_t
                              const void *args, size_t args_size, void *stream) {
     const uint32_t grid[3] = {gx, gy, 1};
     return backend->iface->launch(backend->ctx, kernel, grid, args, args_size, stream);
+}
+
+static bool has_v2(const tovl_backend *backend) {
+    return backend->iface->iface_version >= 2;
+}
+
+tovl_status tovl_core_write(tovl_backend *backend, const tovl_device_write *writes, uint32_t count, void *stream,
+                            bool *settled) {
+    const tovl_backend_iface *f = backend->iface;
+    if (has_v2(backend) && f->write_async) {
+        tovl_status st = f->write_async(backend->ctx, writes, count, stream);
+        *settled = st == TOVL_OK && !f->fence_record;
+        return st;
+    }
+    /* A version-1 backend: wait for the stream, then write synchronously. */
+    *settled = false;
+    tovl_status st = f->synchronize(backend->ctx, stream);
+    for (uint32_t i = 0; st == TOVL_OK && i < count; i++) {
+        st = f->upload(backend->ctx, writes[i].dst, writes[i].src, writes[i].bytes);
+    }
+    *settled = st == TOVL_OK;
+    return st;
+}
+
+tovl_status tovl_core_fence_record(tovl_backend *backend, void *stream, tovl_fence *out) {
+    *out = 0;
+    const tovl_backend_iface *f = backend->iface;
+    if (has_v2(backend) && f->fence_record) {
+        return f->fence_record(backend->ctx, stream, out);
+    }
+    return f->synchronize(backend->ctx, stream);
+}
+
+tovl_status tovl_core_fence_query(tovl_backend *backend, tovl_fence fence, bool *passed) {
+    *passed = true;
+    return fence ? backend->iface->fence_query(backend->ctx, fence, passed) : TOVL_OK;
+}
+
+void tovl_core_fence_destroy(tovl_backend *backend, tovl_fence fence) {
+    if (fence) {
+        backend->iface->fence_destroy(backend->ctx, fence);
+    }
 }

@@ -1,5 +1,7 @@
 /* The two forward hooks: argument checks on the host, then one launch each.
- * They never allocate, copy to the host or synchronize. */
+ * They never allocate, copy to the host or synchronize, and read only the
+ * fields of a set that never change after it is built (a fixed-shape set's
+ * loads write its device tables, not these). */
 #include "internal.h"
 #include "overlay_set.h"
 
@@ -8,12 +10,19 @@ static bool single_slot_inactive(tovl_devptr slots, int32_t active_slot, uint32_
     return !slots && (active_slot < 0 || (uint32_t)active_slot >= max_loras);
 }
 
+/* Whether the set may hold rows for a hook whose grid bound is `bound`. A
+ * fixed-shape set answers from its shape alone, so a captured hook launches
+ * while every slot is empty and serves what is loaded later. */
+static bool holds_rows(const tovl_token_overlay_set *set, uint32_t bound) {
+    return bound > 0 && (set->fixed || set->any_active);
+}
+
 tovl_status tovl_embed_hook(const tovl_token_overlay_set *set, const tovl_overlay_kernels *kernels,
                             const tovl_embed_hook_args *a, void *stream) {
     if (!set || !kernels || !a) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_embed_hook: set, kernels or args is NULL");
     }
-    if (!kernels->embed_overlay || !set->any_active || set->max_embed_n == 0 || a->T == 0 ||
+    if (!kernels->embed_overlay || !holds_rows(set, set->max_embed_n) || a->T == 0 ||
         single_slot_inactive(a->slots, a->active_slot, set->max_loras)) {
         return TOVL_OK;
     }
@@ -53,7 +62,7 @@ tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overl
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_lmhead_hook: logits_dtype %d is not bf16 or f32",
                           (int)a->logits_dtype);
     }
-    if (!kernel || !set->any_active || set->max_n_override == 0 || a->T == 0 ||
+    if (!kernel || !holds_rows(set, set->max_n_override) || a->T == 0 ||
         single_slot_inactive(a->slots, a->active_slot, set->max_loras)) {
         return TOVL_OK;
     }

@@ -1,4 +1,5 @@
 /* EmbedOverlay: validation, upload, reference counting; and tovl_rowdiff. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,7 +137,9 @@ tovl_status tovl_build_overlay(tovl_backend *backend, const tovl_overlay_kernels
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "tovl_build_overlay: out of host memory");
     }
     ov->backend = backend;
-    ov->refs = 1;
+    atomic_init(&ov->refs, 1);
+    snprintf(ov->adapter, sizeof ov->adapter, "%s", desc->adapter ? desc->adapter : "(unnamed adapter)");
+    ov->tied = desc->tied;
     ov->vocab = desc->vocab;
     ov->hidden = desc->hidden;
     ov->embed_count = desc->embed.count;
@@ -162,12 +165,12 @@ tovl_status tovl_build_overlay(tovl_backend *backend, const tovl_overlay_kernels
 
 void tovl_embed_overlay_retain(tovl_embed_overlay *overlay) {
     if (overlay) {
-        overlay->refs++;
+        atomic_fetch_add(&overlay->refs, 1);
     }
 }
 
 void tovl_embed_overlay_release(tovl_embed_overlay *overlay) {
-    if (overlay && --overlay->refs == 0) {
+    if (overlay && atomic_fetch_sub(&overlay->refs, 1) == 1) {
         overlay_free_device(overlay);
         free(overlay);
     }

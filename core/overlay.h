@@ -2,11 +2,15 @@
 #ifndef TOVL_CORE_OVERLAY_H
 #define TOVL_CORE_OVERLAY_H
 
+#include <stdatomic.h>
+
 #include "internal.h"
 
 struct tovl_embed_overlay {
     tovl_backend *backend;
-    unsigned refs;
+    atomic_uint refs; /* a loader thread may release while another builds */
+    char adapter[96]; /* desc.adapter, for the messages of a refused load */
+    bool tied;        /* desc.tied: the rule its rows were checked for */
     uint32_t vocab, hidden;
     uint32_t embed_count;
     tovl_devptr embed_ids, embed_rows, slot_map;

@@ -15,9 +15,19 @@ static tovl_devptr *table_slot(tovl_overlay_tables *t, int i) {
     return slots[i];
 }
 
-static void set_free(tovl_token_overlay_set *set) {
-    for (int i = 0; i < TABLE_COUNT; i++) {
-        tovl_free(set->backend, *table_slot(&set->tables, i));
+void tovl_set_free(tovl_token_overlay_set *set) {
+    if (set->fixed) {
+        tovl_free(set->backend, set->table_block);
+        for (uint32_t i = 0; i < set->retired_count; i++) {
+            tovl_core_fence_destroy(set->backend, set->retired[i].fence);
+            tovl_embed_overlay_release(set->retired[i].overlay);
+        }
+        free(set->retired);
+        pthread_mutex_destroy(&set->lock);
+    } else {
+        for (int i = 0; i < TABLE_COUNT; i++) {
+            tovl_free(set->backend, *table_slot(&set->tables, i));
+        }
     }
     if (set->overlays) {
         for (uint32_t s = 0; s < set->max_loras; s++) {
@@ -87,10 +97,8 @@ static tovl_status upload_tables(tovl_token_overlay_set *set, const host_tables 
     return TOVL_OK;
 }
 
-/* A slot's lm_head cells: its own lm_head part when present; else, when the
- * set is tied, its embed rows and ids; else none. */
-static void lmhead_source(const tovl_token_overlay_set *set, const tovl_embed_overlay *ov, tovl_devptr *ids,
-                          tovl_devptr *rows, uint32_t *n) {
+void tovl_set_lmhead_source(const tovl_token_overlay_set *set, const tovl_embed_overlay *ov, tovl_devptr *ids,
+                            tovl_devptr *rows, uint32_t *n) {
     *ids = *rows = 0;
     *n = 0;
     if (ov->has_lmhead) {
@@ -174,7 +182,7 @@ static tovl_status fill_host_tables(tovl_token_overlay_set *set, host_tables *h)
         h->embed_n[s] = ov->embed_count;
         tovl_devptr ids, rows;
         uint32_t n;
-        lmhead_source(set, ov, &ids, &rows, &n);
+        tovl_set_lmhead_source(set, ov, &ids, &rows, &n);
         if (set->sharded) {
             tovl_status st = copy_shard_cells(set, s, ids, rows, n, &n);
             if (st != TOVL_OK) {
@@ -254,7 +262,7 @@ static tovl_status set_build(const char *fn, tovl_backend *backend, tovl_embed_o
     free(h.n_override);
     if (st != TOVL_OK) {
         if (set) {
-            set_free(set);
+            tovl_set_free(set);
         }
         return st;
     }
@@ -352,7 +360,7 @@ tovl_status tovl_vocab_shard_range(uint32_t vocab, uint32_t world_size, uint32_t
 
 void tovl_token_overlay_set_destroy(tovl_token_overlay_set *set) {
     if (set) {
-        set_free(set);
+        tovl_set_free(set);
     }
 }
 

@@ -20,6 +20,7 @@ const char *tovl_status_str(tovl_status status) {
     case TOVL_ERR_ID_OUT_OF_RANGE: return "TOVL_ERR_ID_OUT_OF_RANGE: token id out of range";
     case TOVL_ERR_SHAPE_MISMATCH: return "TOVL_ERR_SHAPE_MISMATCH: shape mismatch";
     case TOVL_ERR_VOCAB_MISMATCH: return "TOVL_ERR_VOCAB_MISMATCH: vocab size mismatch";
+    case TOVL_ERR_CAPACITY: return "TOVL_ERR_CAPACITY: over a fixed-shape set's slot capacity";
     case TOVL_ERR_BACKEND_UNAVAILABLE: return "TOVL_ERR_BACKEND_UNAVAILABLE: backend unavailable";
     case TOVL_ERR_KERNEL_MISSING: return "TOVL_ERR_KERNEL_MISSING: kernel missing";
     case TOVL_ERR_UNSUPPORTED: return "TOVL_ERR_UNSUPPORTED: not supported by this backend";

@@ -45,7 +45,7 @@ Test(backend, list_gives_a_reason_for_each_absent_backend) {
 
 Test(backend, status_strings_are_distinct_and_named) {
     const tovl_status all[] = {TOVL_OK, TOVL_ERR_INVALID_ARGUMENT, TOVL_ERR_DUPLICATE_ID, TOVL_ERR_ID_OUT_OF_RANGE,
-                               TOVL_ERR_SHAPE_MISMATCH, TOVL_ERR_VOCAB_MISMATCH, TOVL_ERR_BACKEND_UNAVAILABLE,
+                               TOVL_ERR_SHAPE_MISMATCH, TOVL_ERR_VOCAB_MISMATCH, TOVL_ERR_CAPACITY, TOVL_ERR_BACKEND_UNAVAILABLE,
                                TOVL_ERR_KERNEL_MISSING, TOVL_ERR_UNSUPPORTED, TOVL_ERR_UNKNOWN_BACKEND,
                                TOVL_ERR_OUT_OF_MEMORY, TOVL_ERR_DEVICE, TOVL_ERR_LAUNCH, TOVL_ERR_IO,
                                TOVL_ERR_FORMAT, TOVL_ERR_INTERNAL};

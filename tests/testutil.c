@@ -156,6 +156,34 @@ static tovl_status w_launch(void *ctx, tovl_kernel k, const uint32_t grid[3], co
     }
     return INNER(w)->launch(INNER_CTX(w), k, grid, args, size, stream);
 }
+static tovl_status w_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    tu_wrap *w = ctx;
+    w->writes++;
+    if (w->fail_write_at > 0 && w->writes == w->fail_write_at) {
+        return tovl_error(TOVL_ERR_DEVICE, "test: injected write_async failure");
+    }
+    const tovl_backend_iface *in = INNER(w);
+    if (in->iface_version >= 2 && in->write_async) {
+        return in->write_async(INNER_CTX(w), writes, count, stream);
+    }
+    tovl_status st = TOVL_OK;
+    for (uint32_t i = 0; st == TOVL_OK && i < count; i++) {
+        st = in->upload(INNER_CTX(w), writes[i].dst, writes[i].src, writes[i].bytes);
+    }
+    return st;
+}
+static tovl_status w_fence_record(void *ctx, void *stream, tovl_fence *out) {
+    tu_wrap *w = ctx;
+    return INNER(w)->fence_record(INNER_CTX(w), stream, out);
+}
+static tovl_status w_fence_query(void *ctx, tovl_fence fence, bool *passed) {
+    tu_wrap *w = ctx;
+    return INNER(w)->fence_query(INNER_CTX(w), fence, passed);
+}
+static void w_fence_destroy(void *ctx, tovl_fence fence) {
+    tu_wrap *w = ctx;
+    INNER(w)->fence_destroy(INNER_CTX(w), fence);
+}
 static tovl_status w_sync(void *ctx, void *stream) {
     tu_wrap *w = ctx;
     w->syncs++;
@@ -189,7 +217,14 @@ tovl_backend *tu_wrap_open(const char *name, tu_wrap **wrap) {
         .try_kernel = w_try_kernel,
         .launch = w_launch,
         .synchronize = w_sync,
+        .write_async = w_write_async,
     };
+    const tovl_backend_iface *in = tovl_backend_get_iface(w->inner);
+    if (in->iface_version >= 2 && in->fence_record) {
+        w->iface.fence_record = w_fence_record;
+        w->iface.fence_query = w_fence_query;
+        w->iface.fence_destroy = w_fence_destroy;
+    }
     tovl_backend *be = NULL;
     if (tovl_backend_create(&w->iface, w, &be) != TOVL_OK) {
         return NULL;

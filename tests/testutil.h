@@ -38,6 +38,10 @@ typedef struct tu_wrap {
                                    size_t size, void *stream);
     /* More injection points (0 = never), counted by downloads, syncs, fills. */
     long fail_download_at, fail_sync_at, fail_fill_at;
+    /* write_async calls (a whole batch fails), forwarded to the inner
+     * backend's (its uploads when it has none); iface.iface_version = 1 hides
+     * write_async and the fences, so the core takes its version-1 path. */
+    long writes, fail_write_at;
 } tu_wrap;
 
 /* Opens a CPU backend wrapped; *wrap points at the counters (owned by the backend). */

@@ -1,12 +1,16 @@
 /* The CPU backend: host memory as "device" memory (a device pointer is a host
  * address), kernels run synchronously at launch, on the caller and a thread
- * pool made at open, at the widest vector width the CPU has. It computes the
+ * pool made at open, at the widest vector width the CPU has. Its one stream
+ * is a lock: a launch and a stream-ordered write (a fixed-shape set's load)
+ * each hold it, so a loader thread and a serving thread never see a part of
+ * the other's work. It computes the
  * reference kernels' bits (cpu_kernels.h; the tests check it) and is the
  * oracle for every GPU port and the default where no GPU exists.
  *
  * TOVL_CPU_THREADS limits the threads (default: the online cores);
  * TOVL_CPU_SIMD=scalar|sse2|avx2|avx512 forces a vector width. */
 #include <float.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +23,7 @@
 
 typedef struct cpu_ctx {
     tovl_cpu_exec ex;
+    pthread_mutex_t stream; /* held by each launch and each write_async */
     char device[96];
 } cpu_ctx;
 
@@ -45,6 +50,7 @@ static void cpu_destroy(void *ctx) {
     cpu_ctx *c = ctx;
     if (c) {
         tovl_cpu_pool_destroy(c->ex.pool);
+        pthread_mutex_destroy(&c->stream);
         free(c);
     }
 }
@@ -114,7 +120,8 @@ static tovl_kernel cpu_try_kernel(void *ctx, const char *name) {
 
 static tovl_status cpu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
                               size_t args_size, void *stream) {
-    const tovl_cpu_exec *ex = &((const cpu_ctx *)ctx)->ex;
+    cpu_ctx *c = ctx;
+    const tovl_cpu_exec *ex = &c->ex;
     (void)stream;
     (void)grid; /* the reference kernels walk the whole logical grid from args */
     if (kernel == 0 || kernel > CPU_KERNEL_COUNT) {
@@ -124,12 +131,25 @@ static tovl_status cpu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
         return tovl_error(TOVL_ERR_LAUNCH, "cpu: kernel %s expects %zu bytes of arguments, got %zu",
                           cpu_kernels[kernel - 1].name, cpu_kernels[kernel - 1].args_size, args_size);
     }
+    pthread_mutex_lock(&c->stream);
     switch ((cpu_kernel_id)kernel) {
     case CPU_ROWDIFF: tovl_cpu_rowdiff_fast(ex, args); break;
     case CPU_EMBED_OVERLAY: tovl_cpu_embed_overlay(args); break;
     case CPU_LMHEAD_BF16: tovl_cpu_lmhead_overlay_fast(ex, args, false); break;
     case CPU_LMHEAD_F32: tovl_cpu_lmhead_overlay_fast(ex, args, true); break;
     }
+    pthread_mutex_unlock(&c->stream);
+    return TOVL_OK;
+}
+
+static tovl_status cpu_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    cpu_ctx *c = ctx;
+    (void)stream;
+    pthread_mutex_lock(&c->stream);
+    for (uint32_t i = 0; i < count; i++) {
+        memcpy((void *)(uintptr_t)writes[i].dst, writes[i].src, writes[i].bytes);
+    }
+    pthread_mutex_unlock(&c->stream);
     return TOVL_OK;
 }
 
@@ -260,6 +280,7 @@ static const tovl_backend_iface cpu_iface = {
     .synchronize = cpu_synchronize,
     .time_kernel = cpu_time_kernel,
     .copy_bandwidth = cpu_copy_bandwidth,
+    .write_async = cpu_write_async,
 };
 
 static tovl_status cpu_open(tovl_backend **out) {
@@ -277,10 +298,15 @@ static tovl_status cpu_open(tovl_backend **out) {
     if (!c) {
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cpu: out of host memory");
     }
+    if (pthread_mutex_init(&c->stream, NULL) != 0) {
+        free(c);
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cpu: pthread_mutex_init failed");
+    }
     c->ex.ops = ops;
     snprintf(c->device, sizeof c->device, "host CPU (%s, %u thread%s)", ops->name, threads, threads == 1 ? "" : "s");
     st = tovl_cpu_pool_create(threads, &c->ex.pool);
     if (st != TOVL_OK) {
+        pthread_mutex_destroy(&c->stream);
         free(c);
         return st;
     }

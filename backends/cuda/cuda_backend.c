@@ -169,6 +169,86 @@ static tovl_status cuda_synchronize(void *ctx, void *stream) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Stream-ordered writes and fences (fixed-shape sets' loads)                */
+/* ------------------------------------------------------------------------ */
+/* The copies are from pageable memory: the driver stages the bytes before
+ * the call returns, so the caller's may go, and orders the copies on the
+ * stream; a kernel of this port reads a table only after the copies before
+ * it, since programmatic launch overlaps kernels with kernels, never with a
+ * copy. A capturing stream would record the host addresses into its graph:
+ * refused. */
+static tovl_status cuda_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    CUstream s = stream_or_own(c, stream);
+    int capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = c->drv.cuStreamIsCapturing(s, &capture);
+    if (r == CUDA_SUCCESS && capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+        ctx_leave(c, pushed);
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "cuda: the stream is capturing a graph; load and unload slots between replays, on the "
+                          "stream the graph is launched on");
+    }
+    for (uint32_t i = 0; r == CUDA_SUCCESS && i < count; i++) {
+        r = c->drv.cuMemcpyHtoDAsync((CUdeviceptr)writes[i].dst, writes[i].src, writes[i].bytes, s);
+    }
+    ctx_leave(c, pushed);
+    return r == CUDA_SUCCESS ? TOVL_OK
+                             : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuMemcpyHtoDAsync of a table entry");
+}
+
+static tovl_status cuda_fence_record(void *ctx, void *stream, tovl_fence *out) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    CUevent ev = NULL;
+    CUresult r = c->drv.cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS) {
+        r = c->drv.cuEventRecord(ev, stream_or_own(c, stream));
+        if (r != CUDA_SUCCESS) {
+            c->drv.cuEventDestroy(ev);
+        }
+    }
+    ctx_leave(c, pushed);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuEventRecord of a fence");
+    }
+    *out = (tovl_fence)(uintptr_t)ev;
+    return TOVL_OK;
+}
+
+static tovl_status cuda_fence_query(void *ctx, tovl_fence fence, bool *passed) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    tovl_status st = ctx_enter(c, &pushed);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    CUresult r = c->drv.cuEventQuery((CUevent)(uintptr_t)fence);
+    ctx_leave(c, pushed);
+    *passed = r == CUDA_SUCCESS;
+    return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY
+               ? TOVL_OK
+               : tovl_cuda_fail(&c->drv, TOVL_ERR_DEVICE, r, "cuda: cuEventQuery of a fence");
+}
+
+static void cuda_fence_destroy(void *ctx, tovl_fence fence) {
+    cuda_ctx *c = ctx;
+    bool pushed;
+    if (ctx_enter(c, &pushed) == TOVL_OK) {
+        c->drv.cuEventDestroy((CUevent)(uintptr_t)fence);
+        ctx_leave(c, pushed);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Kernels                                                                   */
 /* ------------------------------------------------------------------------ */
 static tovl_kernel cuda_try_kernel(void *ctx, const char *name) {
@@ -776,6 +856,10 @@ static const tovl_backend_iface cuda_iface = {
     .synchronize = cuda_synchronize,
     .time_kernel = cuda_time_kernel,
     .copy_bandwidth = cuda_copy_bandwidth,
+    .write_async = cuda_write_async,
+    .fence_record = cuda_fence_record,
+    .fence_query = cuda_fence_query,
+    .fence_destroy = cuda_fence_destroy,
 };
 
 static const cuda_ctx *ctx_of(const tovl_backend *backend) {

@@ -36,7 +36,11 @@ enum {
     CUDA_ERROR_STUB_LIBRARY = 34,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
 };
+
+/* CUstreamCaptureStatus: CU_STREAM_CAPTURE_STATUS_NONE = 0. CUevent flags. */
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_EVENT_DISABLE_TIMING = 2 };
 
 /* CUdevice_attribute values. */
 enum {
@@ -125,6 +129,8 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
     X(cuEventSynchronize, CUresult, (CUevent event))                                                     \
     X(cuEventElapsedTime, CUresult, (float *ms, CUevent start, CUevent end))                             \
     X(cuEventDestroy, CUresult, (CUevent event))                                                         \
+    X(cuEventQuery, CUresult, (CUevent event))                                                           \
+    X(cuStreamIsCapturing, CUresult, (CUstream stream, int *status))                                     \
     X(cuLaunchKernel, CUresult,                                                                          \
       (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, \
        unsigned int bz, unsigned int smem, CUstream stream, void **params, void **extra))                  \

@@ -27,6 +27,8 @@ typedef struct hipGraphNode *hipGraphNode_t;
 #define TOVL_HIP_ATTRIBUTE_WARP_SIZE 87         /* hipDeviceAttributeWarpSize */
 #define TOVL_HIP_STREAM_NON_BLOCKING 1u         /* hipStreamNonBlocking */
 #define TOVL_HIP_CAPTURE_MODE_THREAD_LOCAL 1    /* hipStreamCaptureModeThreadLocal */
+#define TOVL_HIP_ERROR_NOT_READY 600            /* hipErrorNotReady */
+#define TOVL_HIP_CAPTURE_STATUS_NONE 0          /* hipStreamCaptureStatusNone */
 
 /* X(name, parameter list): every runtime function the backend resolves. */
 #define TOVL_HIP_FUNCTIONS(X)                                                                          \
@@ -56,6 +58,9 @@ typedef struct hipGraphNode *hipGraphNode_t;
     X(hipEventCreate, (hipEvent_t * event))                                                            \
     X(hipEventDestroy, (hipEvent_t event))                                                             \
     X(hipEventRecord, (hipEvent_t event, hipStream_t stream))                                          \
+    X(hipEventQuery, (hipEvent_t event))                                                               \
+    X(hipMemcpyHtoDAsync, (hipDeviceptr_t dst, void *src, size_t bytes, hipStream_t stream))           \
+    X(hipStreamIsCapturing, (hipStream_t stream, int *status))                                         \
     X(hipEventSynchronize, (hipEvent_t event))                                                         \
     X(hipEventElapsedTime, (float *ms, hipEvent_t start, hipEvent_t stop))                             \
     X(hipStreamBeginCapture, (hipStream_t stream, int mode))                                           \

@@ -197,6 +197,69 @@ static tovl_status hip_synchronize(void *ctx, void *stream) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* Stream-ordered writes and fences (fixed-shape sets' loads)                */
+/* ------------------------------------------------------------------------ */
+/* As the CUDA port: copies from pageable memory, staged before the call
+ * returns and ordered on the stream; refused on a capturing stream, whose
+ * graph would keep the host addresses. */
+static tovl_status hip_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    hip_ctx *c = ctx;
+    tovl_status st = bind_device(c, "write_async");
+    if (st != TOVL_OK) {
+        return st;
+    }
+    int capture = TOVL_HIP_CAPTURE_STATUS_NONE;
+    hipError_t e = c->api->hipStreamIsCapturing((hipStream_t)stream, &capture);
+    if (e == TOVL_HIP_SUCCESS && capture != TOVL_HIP_CAPTURE_STATUS_NONE) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "hip: the stream is capturing a graph; load and unload slots between replays, on the "
+                          "stream the graph is launched on");
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        e = c->api->hipMemcpyHtoDAsync((hipDeviceptr_t)(uintptr_t)writes[i].dst, (void *)(uintptr_t)writes[i].src,
+                                       writes[i].bytes, (hipStream_t)stream);
+        if (e != TOVL_HIP_SUCCESS) {
+            return device_error(c, "hipMemcpyHtoDAsync of a table entry", e);
+        }
+    }
+    return TOVL_OK;
+}
+
+static tovl_status hip_fence_record(void *ctx, void *stream, tovl_fence *out) {
+    hip_ctx *c = ctx;
+    tovl_status st = bind_device(c, "fence");
+    if (st != TOVL_OK) {
+        return st;
+    }
+    hipEvent_t ev = NULL;
+    hipError_t e = c->api->hipEventCreate(&ev);
+    if (e == TOVL_HIP_SUCCESS) {
+        e = c->api->hipEventRecord(ev, (hipStream_t)stream);
+        if (e != TOVL_HIP_SUCCESS) {
+            c->api->hipEventDestroy(ev);
+        }
+    }
+    if (e != TOVL_HIP_SUCCESS) {
+        return device_error(c, "hipEventRecord of a fence", e);
+    }
+    *out = (tovl_fence)(uintptr_t)ev;
+    return TOVL_OK;
+}
+
+static tovl_status hip_fence_query(void *ctx, tovl_fence fence, bool *passed) {
+    hip_ctx *c = ctx;
+    hipError_t e = c->api->hipEventQuery((hipEvent_t)(uintptr_t)fence);
+    *passed = e == TOVL_HIP_SUCCESS;
+    return e == TOVL_HIP_SUCCESS || e == TOVL_HIP_ERROR_NOT_READY ? TOVL_OK
+                                                                  : device_error(c, "hipEventQuery of a fence", e);
+}
+
+static void hip_fence_destroy(void *ctx, tovl_fence fence) {
+    hip_ctx *c = ctx;
+    c->api->hipEventDestroy((hipEvent_t)(uintptr_t)fence);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Timing with the device's clock (tovl bench): HIP events and graphs.        */
 /* ------------------------------------------------------------------------ */
 /* A stream of its own and two events: what one timing call works with. */
@@ -406,6 +469,10 @@ static const tovl_backend_iface hip_iface = {
     .synchronize = hip_synchronize,
     .time_kernel = hip_time_kernel,
     .copy_bandwidth = hip_copy_bandwidth,
+    .write_async = hip_write_async,
+    .fence_record = hip_fence_record,
+    .fence_query = hip_fence_query,
+    .fence_destroy = hip_fence_destroy,
 };
 
 /* Name, wavefront size and runtime version for device() and property(). */

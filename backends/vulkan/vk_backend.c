@@ -32,6 +32,7 @@ void tovl_vk_ctx_destroy(vk_ctx *ctx) {
     if (ctx->loader) {
         dlclose(ctx->loader);
     }
+    pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
 
@@ -84,22 +85,78 @@ static tovl_status vk_synchronize(void *vctx, void *stream) {
     return TOVL_OK; /* our own submissions have already been waited for */
 }
 
+/* The vtable members that use the own command buffer, the staging buffer or
+ * the allocation list run under ctx->lock. */
+#define VK_LOCKED(call)                                                                                          \
+    do {                                                                                                         \
+        vk_ctx *locked_ctx = vctx;                                                                               \
+        pthread_mutex_lock(&locked_ctx->lock);                                                                   \
+        tovl_status locked_st = (call);                                                                          \
+        pthread_mutex_unlock(&locked_ctx->lock);                                                                 \
+        return locked_st;                                                                                        \
+    } while (0)
+
+static tovl_status vk_alloc(void *vctx, size_t bytes, tovl_devptr *out) {
+    VK_LOCKED(tovl_vk_alloc(vctx, bytes, out));
+}
+
+static void vk_free(void *vctx, tovl_devptr ptr) {
+    vk_ctx *ctx = vctx;
+    pthread_mutex_lock(&ctx->lock);
+    tovl_vk_free(vctx, ptr);
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static tovl_status vk_upload(void *vctx, tovl_devptr dst, const void *src, size_t bytes) {
+    VK_LOCKED(tovl_vk_upload(vctx, dst, src, bytes));
+}
+
+static tovl_status vk_download(void *vctx, void *dst, tovl_devptr src, size_t bytes) {
+    VK_LOCKED(tovl_vk_download(vctx, dst, src, bytes));
+}
+
+static tovl_status vk_fill_u32(void *vctx, tovl_devptr dst, uint32_t pattern, size_t bytes) {
+    VK_LOCKED(tovl_vk_fill_u32(vctx, dst, pattern, bytes));
+}
+
+static tovl_status vk_launch(void *vctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                             size_t args_size, void *stream) {
+    VK_LOCKED(tovl_vk_launch(vctx, kernel, grid, args, args_size, stream));
+}
+
+static tovl_status vk_write_async(void *vctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    VK_LOCKED(tovl_vk_write_async(vctx, writes, count, stream));
+}
+
+static tovl_status vk_time_kernel(void *vctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
+                                  size_t args_size, uint32_t batch, uint32_t repeats, tovl_kernel_timing *out) {
+    VK_LOCKED(tovl_vk_time_kernel(vctx, kernel, grid, args, args_size, batch, repeats, out));
+}
+
+static tovl_status vk_copy_bandwidth(void *vctx, size_t bytes, uint32_t repeats, double *gbps) {
+    VK_LOCKED(tovl_vk_copy_bandwidth(vctx, bytes, repeats, gbps));
+}
+
 static const tovl_backend_iface vk_iface = {
     .iface_version = TOVL_BACKEND_IFACE_VERSION,
     .name = "vulkan",
     .destroy = vk_destroy,
     .device = vk_device,
     .property = vk_property,
-    .alloc = tovl_vk_alloc,
-    .free = tovl_vk_free,
-    .upload = tovl_vk_upload,
-    .download = tovl_vk_download,
-    .fill_u32 = tovl_vk_fill_u32,
+    .alloc = vk_alloc,
+    .free = vk_free,
+    .upload = vk_upload,
+    .download = vk_download,
+    .fill_u32 = vk_fill_u32,
     .try_kernel = tovl_vk_try_kernel,
-    .launch = tovl_vk_launch,
+    .launch = vk_launch,
     .synchronize = vk_synchronize,
-    .time_kernel = tovl_vk_time_kernel,
-    .copy_bandwidth = tovl_vk_copy_bandwidth,
+    .time_kernel = vk_time_kernel,
+    .copy_bandwidth = vk_copy_bandwidth,
+    .write_async = vk_write_async,
+    .fence_record = tovl_vk_fence_record,
+    .fence_query = tovl_vk_fence_query,
+    .fence_destroy = tovl_vk_fence_destroy,
 };
 
 /* Load the Vulkan loader (or use the caller's entry point) into volk. */
@@ -176,7 +233,8 @@ static tovl_status finish_open(vk_ctx *ctx, uint32_t queue_index, tovl_backend *
 static tovl_status vk_open(tovl_backend **out) {
     *out = NULL;
     vk_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
+    if (!ctx || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+        free(ctx);
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     }
     atomic_init(&ctx->validation_messages, 0u);
@@ -201,7 +259,8 @@ tovl_status tovl_vulkan_backend_wrap(const tovl_vulkan_device_desc *desc, tovl_b
                           "tovl_vulkan_backend_wrap: desc, instance, physical_device or device is NULL");
     }
     vk_ctx *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
+    if (!ctx || pthread_mutex_init(&ctx->lock, NULL) != 0) {
+        free(ctx);
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "vulkan: out of host memory");
     }
     atomic_init(&ctx->validation_messages, 0u);

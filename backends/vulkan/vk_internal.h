@@ -7,6 +7,7 @@
 #include "tovl_volk_rename.h"
 #include "volk.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -84,6 +85,11 @@ typedef struct vk_ctx {
     PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger;
     atomic_uint validation_messages;
 
+    /* Held by every vtable member that touches the own command buffer, the
+     * staging buffer or the allocation list, so a loader thread and a
+     * serving thread can share the backend (vk_backend.c). */
+    pthread_mutex_t lock;
+
     /* Our own submissions (NULL stream): one command buffer and a fence. */
     VkCommandPool pool;
     VkCommandBuffer cmd;
@@ -137,6 +143,15 @@ void tovl_vk_free(void *ctx, tovl_devptr ptr);
 tovl_status tovl_vk_upload(void *ctx, tovl_devptr dst, const void *src, size_t bytes);
 tovl_status tovl_vk_download(void *ctx, void *dst, tovl_devptr src, size_t bytes);
 tovl_status tovl_vk_fill_u32(void *ctx, tovl_devptr dst, uint32_t pattern, size_t bytes);
+/* Stream-ordered table writes (vkCmdUpdateBuffer between two barriers) into
+ * the caller's command buffer, or submitted and waited for when NULL. */
+tovl_status tovl_vk_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream);
+/* A fence in the caller's command buffer: a VkEvent set once every command
+ * before it in submission order has completed; 0 for the NULL stream, whose
+ * work has completed when its call returns. */
+tovl_status tovl_vk_fence_record(void *ctx, void *stream, tovl_fence *out);
+tovl_status tovl_vk_fence_query(void *ctx, tovl_fence fence, bool *passed);
+void tovl_vk_fence_destroy(void *ctx, tovl_fence fence);
 /* A raw device buffer with an address (not tracked; for timing scratch). */
 tovl_status tovl_vk_create_buffer(vk_ctx *ctx, VkDeviceSize bytes, VkBufferUsageFlags usage, bool host_visible,
                              VkBuffer *buffer, VkDeviceMemory *memory);

@@ -293,15 +293,25 @@ void tovl_vk_free(void *vctx, tovl_devptr ptr) {
 }
 
 /* Transfer writes visible to everything that follows on the device. */
-static void transfer_to_all_barrier(vk_ctx *ctx) {
-    tovl_vk_barrier(ctx, ctx->cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+static void transfer_to_all_barrier_in(vk_ctx *ctx, VkCommandBuffer cmd) {
+    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
                     VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT);
 }
 
-/* Earlier device writes (kernels, copies) visible to a transfer. */
-static void all_to_transfer_barrier(vk_ctx *ctx) {
-    tovl_vk_barrier(ctx, ctx->cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
+/* Earlier device work (kernels, copies) done, and its writes visible, before
+ * a transfer: the execution dependency also keeps a transfer from writing
+ * what an earlier kernel still reads. */
+static void all_to_transfer_barrier_in(vk_ctx *ctx, VkCommandBuffer cmd) {
+    tovl_vk_barrier(ctx, cmd, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, VK_ACCESS_MEMORY_WRITE_BIT,
                     VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT);
+}
+
+static void transfer_to_all_barrier(vk_ctx *ctx) {
+    transfer_to_all_barrier_in(ctx, ctx->cmd);
+}
+
+static void all_to_transfer_barrier(vk_ctx *ctx) {
+    all_to_transfer_barrier_in(ctx, ctx->cmd);
 }
 
 static tovl_status unknown_range(const char *op, tovl_devptr ptr, size_t bytes) {
@@ -383,4 +393,73 @@ tovl_status tovl_vk_fill_u32(void *vctx, tovl_devptr dst, uint32_t pattern, size
     ctx->vk.vkCmdFillBuffer(ctx->cmd, a->buffer, dst - a->address, bytes, pattern);
     transfer_to_all_barrier(ctx);
     return tovl_vk_submit_own(ctx, "fill_u32");
+}
+
+/* vkCmdUpdateBuffer takes at most 65536 bytes, a multiple of 4, at a 4-byte
+ * offset: table entries are 4 or 8 bytes. */
+tovl_status tovl_vk_write_async(void *vctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    vk_ctx *ctx = vctx;
+    const vk_allocation *at[8];
+    if (count > sizeof at / sizeof at[0]) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "vulkan: write_async of %u writes (at most %zu)", count,
+                          sizeof at / sizeof at[0]);
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        at[i] = find_range(ctx, writes[i].dst, writes[i].bytes);
+        if (!at[i]) {
+            return unknown_range("write_async", writes[i].dst, writes[i].bytes);
+        }
+        if (writes[i].bytes % 4 || writes[i].bytes > 65536 || (writes[i].dst - at[i]->address) % 4) {
+            return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                              "vulkan: write_async of %zu bytes at 0x%llx: vkCmdUpdateBuffer needs a multiple of "
+                              "4 up to 65536 at a 4-byte offset",
+                              writes[i].bytes, (unsigned long long)writes[i].dst);
+        }
+    }
+    VkCommandBuffer cmd = stream ? (VkCommandBuffer)stream : ctx->cmd;
+    if (!stream) {
+        tovl_status st = tovl_vk_begin_own(ctx);
+        if (st != TOVL_OK) {
+            return st;
+        }
+    }
+    all_to_transfer_barrier_in(ctx, cmd);
+    for (uint32_t i = 0; i < count; i++) {
+        ctx->vk.vkCmdUpdateBuffer(cmd, at[i]->buffer, writes[i].dst - at[i]->address, writes[i].bytes,
+                                  writes[i].src);
+    }
+    transfer_to_all_barrier_in(ctx, cmd);
+    return stream ? TOVL_OK : tovl_vk_submit_own(ctx, "write_async");
+}
+
+tovl_status tovl_vk_fence_record(void *vctx, void *stream, tovl_fence *out) {
+    vk_ctx *ctx = vctx;
+    *out = 0;
+    if (!stream) {
+        return TOVL_OK;
+    }
+    VkEventCreateInfo info = {.sType = VK_STRUCTURE_TYPE_EVENT_CREATE_INFO};
+    VkEvent event = VK_NULL_HANDLE;
+    VkResult r = ctx->vk.vkCreateEvent(ctx->device, &info, NULL, &event);
+    if (r != VK_SUCCESS) {
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkCreateEvent for a fence: %s", tovl_vk_result_str(r));
+    }
+    ctx->vk.vkCmdSetEvent((VkCommandBuffer)stream, event, VK_PIPELINE_STAGE_ALL_COMMANDS_BIT);
+    *out = (tovl_fence)(uintptr_t)event;
+    return TOVL_OK;
+}
+
+tovl_status tovl_vk_fence_query(void *vctx, tovl_fence fence, bool *passed) {
+    vk_ctx *ctx = vctx;
+    VkResult r = ctx->vk.vkGetEventStatus(ctx->device, (VkEvent)(uintptr_t)fence);
+    *passed = r == VK_EVENT_SET;
+    if (r != VK_EVENT_SET && r != VK_EVENT_RESET) {
+        return tovl_error(TOVL_ERR_DEVICE, "vulkan: vkGetEventStatus of a fence: %s", tovl_vk_result_str(r));
+    }
+    return TOVL_OK;
+}
+
+void tovl_vk_fence_destroy(void *vctx, tovl_fence fence) {
+    vk_ctx *ctx = vctx;
+    ctx->vk.vkDestroyEvent(ctx->device, (VkEvent)(uintptr_t)fence, NULL);
 }

@@ -10,7 +10,8 @@
  * Versioning: `iface_version` says which members exist. Members of version 1
  * are required unless marked optional (NULL allowed). A later version appends
  * members; the core reads them only when iface_version is high enough, so an
- * older backend keeps working.
+ * older backend keeps working. Version 2 added the stream-ordered writes and
+ * fences that fixed-shape sets load their slots with (all optional).
  */
 #ifndef TOVL_BACKEND_H
 #define TOVL_BACKEND_H
@@ -22,7 +23,17 @@
 extern "C" {
 #endif
 
-#define TOVL_BACKEND_IFACE_VERSION 1
+#define TOVL_BACKEND_IFACE_VERSION 2
+
+/* One host-to-device copy of a write_async batch. */
+typedef struct tovl_device_write {
+    tovl_devptr dst;
+    const void *src;
+    size_t bytes;
+} tovl_device_write;
+
+/* A marker of a stream's progress (fence_record); 0 is never a live fence. */
+typedef uint64_t tovl_fence;
 
 /* Device-side timings of one kernel, for the bench tool (never for tests). */
 typedef struct tovl_kernel_timing {
@@ -71,6 +82,21 @@ typedef struct tovl_backend_iface {
     /* Optional: device-to-device copy bandwidth over `bytes` bytes, in GB/s
      * counting bytes read plus bytes written (median of `repeats`). */
     tovl_status (*copy_bandwidth)(void *ctx, size_t bytes, uint32_t repeats, double *gbps);
+
+    /* Version 2, all optional. */
+    /* Enqueue `count` host-to-device copies on `stream` (NULL = own) as one
+     * step: every launch enqueued before it sees none of them, every launch
+     * enqueued after sees all of them, and no launch sees a part. The host
+     * bytes may be reused once it returns; it never waits for the device
+     * (the CPU backend, whose launches run at the call, takes the lock its
+     * launches hold). NULL: the core synchronizes the stream and uploads. */
+    tovl_status (*write_async)(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream);
+    /* A fence after the work enqueued on `stream` so far. NULL: the backend's
+     * work is finished when its call returns, so nothing needs a fence. */
+    tovl_status (*fence_record)(void *ctx, void *stream, tovl_fence *out);
+    /* Whether the device has passed `fence`; never waits. */
+    tovl_status (*fence_query)(void *ctx, tovl_fence fence, bool *passed);
+    void (*fence_destroy)(void *ctx, tovl_fence fence);
 } tovl_backend_iface;
 
 /* Wrap an interface and its context into a tovl_backend (takes ownership of

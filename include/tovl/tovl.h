@@ -67,6 +67,7 @@ typedef enum tovl_status {
     TOVL_ERR_ID_OUT_OF_RANGE = 102,  /* a token id >= vocab */
     TOVL_ERR_SHAPE_MISMATCH = 103,   /* a row width or tensor shape disagrees */
     TOVL_ERR_VOCAB_MISMATCH = 104,   /* overlays built for different vocab sizes */
+    TOVL_ERR_CAPACITY = 105,         /* more rows than a fixed-shape set's slot may hold */
 
     /* 2xx: the environment lacks something. */
     TOVL_ERR_BACKEND_UNAVAILABLE = 200, /* runtime or device not found (see tovl_backend_list) */
@@ -251,13 +252,15 @@ TOVL_API tovl_status tovl_token_overlay_set_from_slots(tovl_backend *backend,
                                                        tovl_token_overlay_set **out);
 TOVL_API void tovl_token_overlay_set_destroy(tovl_token_overlay_set *set);
 
-/* True when at least one slot has an overlay; an engine keeps only active sets. */
+/* True when at least one slot has an overlay; an engine keeps only active
+ * from_slots sets (a fixed-shape set's hooks launch whether or not it is). */
 TOVL_API bool tovl_token_overlay_set_any_active(const tovl_token_overlay_set *set);
-/* The common vocab of the present overlays (0 when none). */
+/* The common vocab of the present overlays (0 when none); a fixed-shape set's vocab. */
 TOVL_API uint32_t tovl_token_overlay_set_vocab(const tovl_token_overlay_set *set);
-/* The hidden size of the present overlays (0 when none). */
+/* The hidden size of the present overlays (0 when none); a fixed-shape set's hidden. */
 TOVL_API uint32_t tovl_token_overlay_set_hidden(const tovl_token_overlay_set *set);
-/* The largest lm_head row count: the lm_head kernel's grid.y. */
+/* The lm_head kernel's grid.y: the largest lm_head row count of a from_slots
+ * set, the lm_head capacity of a fixed-shape set. */
 TOVL_API uint32_t tovl_token_overlay_set_max_n_override(const tovl_token_overlay_set *set);
 TOVL_API uint32_t tovl_token_overlay_set_max_loras(const tovl_token_overlay_set *set);
 
@@ -271,6 +274,63 @@ typedef struct tovl_overlay_tables {
     tovl_devptr n_override_table;     /* u32[max_loras] */
 } tovl_overlay_tables;
 TOVL_API tovl_overlay_tables tovl_token_overlay_set_tables(const tovl_token_overlay_set *set);
+
+/* ------------------------------------------------------------------------ */
+/* Fixed-shape sets: slots loaded and unloaded in place                      */
+/* ------------------------------------------------------------------------ */
+/* A set built by from_slots is immutable: its tables and its lm_head grid
+ * follow its contents, so a swap builds a new set and a captured CUDA graph
+ * (or a recorded Vulkan command buffer) must be captured again. A fixed-shape
+ * set keeps one shape for its whole life: its device tables never move, and
+ * the hooks make the same launch (kernels, grid, arguments) for the same T
+ * whatever is loaded, also while every slot is empty; each slot's counts are
+ * read on the device. So a graph captured once with both hooks keeps serving
+ * every adapter loaded later. docs/INTEGRATION.md (Fixed-shape sets). */
+typedef struct tovl_set_shape {
+    uint32_t max_loras;       /* slots, > 0 */
+    uint32_t vocab;           /* the served (padded) vocab every overlay must have, > 0 */
+    uint32_t hidden;          /* hidden size every overlay must have, > 0 */
+    bool tied;                /* the model ties its lm_head to its embedding */
+    uint32_t embed_capacity;  /* the most embedding rows one slot may hold */
+    uint32_t lmhead_capacity; /* the most lm_head cells one slot may hold: its own lm_head part, or its
+                                 embedding rows in a tied set; the lm_head hook's grid.y */
+} tovl_set_shape;
+
+/* Create a fixed-shape set with every slot empty. Its device memory is the
+ * six tables (40 bytes a slot), allocated here: the rows stay in the
+ * overlays, which the set retains while a slot points at them. A capacity
+ * costs no memory; the lm_head capacity sets the lm_head kernel's grid.y, and
+ * so its cost at every call (docs/PERFORMANCE.md, Fixed-shape sets).
+ * Errors: TOVL_ERR_INVALID_ARGUMENT names the field that is 0 or NULL. */
+TOVL_API tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_shape *shape,
+                                                   tovl_token_overlay_set **out);
+/* Load `overlay` into `slot`, replacing what the slot held, ordered on
+ * `stream` (CUstream, hipStream_t, a VkCommandBuffer being recorded, NULL =
+ * the backend's own): work enqueued on the stream before the call sees the
+ * old contents, work enqueued after sees the new, and no launch sees a mix.
+ * The host call never waits for the device (a backend of iface version 1:
+ * it synchronizes the stream). The set retains the overlay; the replaced one
+ * is released once the device has passed the swap, which the set checks at
+ * every load, unload and tovl_token_overlay_set_collect. Load between graph
+ * replays, never while the stream is being captured (refused on CUDA and HIP).
+ * A refused load changes nothing: the slot keeps its adapter and its bits.
+ * Errors: TOVL_ERR_INVALID_ARGUMENT (not a fixed-shape set, slot >= max_loras,
+ * NULL overlay, another backend's overlay, a tied rule other than the set's),
+ * TOVL_ERR_VOCAB_MISMATCH / TOVL_ERR_SHAPE_MISMATCH (vocab or hidden other
+ * than the set's), TOVL_ERR_CAPACITY (more embedding rows or lm_head cells
+ * than the capacity); each names the adapter, the value and the limit. */
+TOVL_API tovl_status tovl_token_overlay_set_load(tovl_token_overlay_set *set, uint32_t slot,
+                                                 tovl_embed_overlay *overlay, void *stream);
+/* Empty `slot`, ordered on `stream` as tovl_token_overlay_set_load. */
+TOVL_API tovl_status tovl_token_overlay_set_unload(tovl_token_overlay_set *set, uint32_t slot, void *stream);
+/* Release the replaced overlays the device has passed; *pending (may be NULL)
+ * gets how many are still held. Never waits. */
+TOVL_API tovl_status tovl_token_overlay_set_collect(tovl_token_overlay_set *set, uint32_t *pending);
+/* True for a set made by tovl_token_overlay_set_create. */
+TOVL_API bool tovl_token_overlay_set_is_fixed(const tovl_token_overlay_set *set);
+/* The overlay a fixed-shape set's slot holds (NULL: empty, or not such a set).
+ * Borrowed: retain it to keep it past the next load or unload of that slot. */
+TOVL_API tovl_embed_overlay *tovl_token_overlay_set_slot(tovl_token_overlay_set *set, uint32_t slot);
 
 /* ------------------------------------------------------------------------ */
 /* Tensor parallelism: vocab-parallel shards                                 */

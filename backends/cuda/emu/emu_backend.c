@@ -51,6 +51,17 @@ static tovl_status emu_upload(void *ctx, tovl_devptr dst, const void *src, size_
     return tovl_upload(((emu_ctx *)ctx)->host, dst, src, bytes);
 }
 
+/* Launches run at the call, so a write in call order is a write in stream
+ * order; no fence is needed (fence_record NULL). */
+static tovl_status emu_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    (void)stream;
+    tovl_status st = TOVL_OK;
+    for (uint32_t i = 0; st == TOVL_OK && i < count; i++) {
+        st = emu_upload(ctx, writes[i].dst, writes[i].src, writes[i].bytes);
+    }
+    return st;
+}
+
 static tovl_status emu_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
     return tovl_download(((emu_ctx *)ctx)->host, dst, src, bytes);
 }
@@ -105,6 +116,7 @@ static const tovl_backend_iface emu_iface = {
     .try_kernel = emu_try_kernel,
     .launch = emu_launch,
     .synchronize = emu_synchronize,
+    .write_async = emu_write_async,
 };
 
 static tovl_status emu_open(const tovl_cuda_device_shape *shape, bool force_lmhead, tovl_cuda_variant lmhead,

@@ -52,6 +52,17 @@ static tovl_status hip_emu_upload(void *ctx, tovl_devptr dst, const void *src, s
     return tovl_upload(((hip_emu_ctx *)ctx)->host, dst, src, bytes);
 }
 
+/* Launches run at the call, so a write in call order is a write in stream
+ * order; no fence is needed (fence_record NULL). */
+static tovl_status hip_emu_write_async(void *ctx, const tovl_device_write *writes, uint32_t count, void *stream) {
+    (void)stream;
+    tovl_status st = TOVL_OK;
+    for (uint32_t i = 0; st == TOVL_OK && i < count; i++) {
+        st = hip_emu_upload(ctx, writes[i].dst, writes[i].src, writes[i].bytes);
+    }
+    return st;
+}
+
 static tovl_status hip_emu_download(void *ctx, void *dst, tovl_devptr src, size_t bytes) {
     return tovl_download(((hip_emu_ctx *)ctx)->host, dst, src, bytes);
 }
@@ -105,6 +116,7 @@ static const tovl_backend_iface hip_emu_iface = {
     .try_kernel = hip_emu_try_kernel,
     .launch = hip_emu_launch,
     .synchronize = hip_emu_synchronize,
+    .write_async = hip_emu_write_async,
 };
 
 tovl_status tovl_hip_emu_backend_open(unsigned warp, tovl_hip_emu_lmhead lmhead, uint64_t seed, tovl_backend **out) {

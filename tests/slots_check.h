@@ -1,0 +1,67 @@
+/*
+ * The in-place slots check, shared by every backend's tests: a fixed-shape set
+ * whose three hooks (embed, lm_head bf16, lm_head f32) are recorded once while
+ * every slot is empty, then many rounds of random loads, unloads and reloads
+ * of random adapters (row counts up to the capacity, embed-only, lm_head-only,
+ * both, an explicitly empty lm_head), each followed by a replay of what was
+ * recorded. Every replay's outputs must equal, bit for bit, what a from_slots
+ * set of the same adapters gives on the CPU reference, with the poisoned
+ * guards around every output untouched.
+ *
+ * A backend's test supplies how the hooks are recorded and replayed (a CUDA
+ * graph, a Vulkan command buffer; slots_eager_replayer calls the hooks again)
+ * and the stream loads are ordered on.
+ */
+#ifndef TOVL_TEST_SLOTS_CHECK_H
+#define TOVL_TEST_SLOTS_CHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tovl/tovl.h"
+
+/* The three hook calls a replay runs. */
+typedef struct slots_hooks {
+    const tovl_token_overlay_set *set;
+    const tovl_overlay_kernels *kernels;
+    tovl_embed_hook_args embed;
+    tovl_lmhead_hook_args lm_bf16, lm_f32;
+} slots_hooks;
+
+typedef struct slots_replayer {
+    /* Record the hooks once; `hooks` stays valid for the whole check. */
+    void (*record)(void *user, const slots_hooks *hooks);
+    /* Run what was recorded, and wait until it is done. */
+    void (*replay)(void *user);
+    /* The stream loads and unloads are ordered on (NULL: the backend's own). */
+    void *load_stream;
+    void *user;
+} slots_replayer;
+
+/* Remembers the hooks and calls them again on `stream` (NULL: the backend's
+ * own) at each replay, then synchronizes it: for backends without graphs. */
+typedef struct slots_eager {
+    tovl_backend *be;
+    void *stream;
+    const slots_hooks *hooks;
+} slots_eager;
+slots_replayer slots_eager_replayer(slots_eager *state);
+/* Enqueue the three hooks on `stream` (a Criterion assertion on each). */
+void slots_enqueue(const slots_hooks *hooks, void *stream);
+
+typedef struct slots_config {
+    uint32_t rounds;
+    bool tied;
+    uint32_t capacity; /* embed and lm_head capacity of each slot */
+} slots_config;
+
+/* The check above on `be`; `tag` names it in messages. */
+void slots_check_rounds(tovl_backend *be, const slots_replayer *replayer, const slots_config *cfg, const char *tag);
+
+/* A loader thread loads A, loads B and unloads slot 0 of a one-slot set in a
+ * loop while this thread runs both hooks `replays` times on the backend's own
+ * stream: each hook's output must equal what it gives with the slot empty,
+ * holding A or holding B, never a mix. */
+void slots_threaded_check(tovl_backend *be, const char *tag, uint32_t replays);
+
+#endif
