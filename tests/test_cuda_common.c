@@ -319,11 +319,22 @@ static const char slow_copy_ptx[] =
     "    ret;\n"
     "}\n";
 
-/* slow_copy of `bytes` (a multiple of 4) from src to dst on `stream`,
- * launched as the backend launches its kernels (with PDL). */
 static void launch_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst,
                              tovl_devptr src, size_t bytes) {
-    unsigned long long d = dst, s = src, spin_ns = 20000;
+    cuda_slow_copy(cu, fn, stream, dst, src, bytes, 20000);
+}
+
+CUfunction cuda_slow_copy_open(tovl_backend *be, CUmodule *module) {
+    const tovl_cuda_driver *cu = tovl_cuda_backend_driver(be);
+    CUfunction fn = NULL;
+    CU_OK(cu->cuModuleLoadData(module, slow_copy_ptx));
+    CU_OK(cu->cuModuleGetFunction(&fn, *module, "slow_copy"));
+    return fn;
+}
+
+void cuda_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst, tovl_devptr src,
+                    size_t bytes, uint64_t spin) {
+    unsigned long long d = dst, s = src, spin_ns = spin;
     unsigned int words = (unsigned int)(bytes / 4);
     void *params[] = {&d, &s, &words, &spin_ns};
     const uint32_t grid[3] = {(words + 255) / 256, 1, 1}, block[3] = {256, 1, 1};

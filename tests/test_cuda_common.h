@@ -82,4 +82,11 @@ void cuda_run_against_cpu(tovl_backend *dut, const cuda_scenario *sc, uint64_t s
  * programmatic dependent launch. */
 void cuda_expect_hooks_wait(tovl_backend *be);
 
+/* A kernel that spins for spin_ns on the device, then copies `bytes` (a
+ * multiple of 4) from src to dst, launched with PDL as the backend's are:
+ * work that keeps a stream busy. Needs sm_90 (its PTX target). */
+CUfunction cuda_slow_copy_open(tovl_backend *be, CUmodule *module);
+void cuda_slow_copy(const tovl_cuda_driver *cu, CUfunction fn, CUstream stream, tovl_devptr dst, tovl_devptr src,
+                    size_t bytes, uint64_t spin_ns);
+
 #endif

@@ -18,6 +18,7 @@
 
 #include "conform.h"
 #include "cuda/emu/cuda_emu_api.h"
+#include "slots_check.h"
 #include "test_cuda_common.h"
 #include "testutil.h"
 
@@ -205,4 +206,24 @@ Test(cuda_emu, active_slot_large_batch, .timeout = 900) {
 Test(cuda_emu, lmhead_reads_the_embed_hooks_output, .timeout = 900) {
     batch_against_cpu(&(tovl_cuda_device_shape){132},
                       &(cuda_scenario){"chained", 64, 1024, 5000, 8, 8, 0, 1, 64, false, true});
+}
+
+/* Fixed-shape sets: rounds of random loads and unloads, each followed by the
+ * hooks, against from_slots sets on the CPU reference: 1000 on one SM (the
+ * tiles), 250 more with the row variant the small batches take. */
+static void slots_on(int lmhead, bool tied, uint32_t rounds, const char *salt) {
+    const tovl_cuda_device_shape shape = {.sm_count = 1};
+    tovl_backend *be = open_emu(&shape, lmhead, salt);
+    slots_eager e = {.be = be};
+    slots_replayer rp = slots_eager_replayer(&e);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = 12}, salt);
+    tovl_backend_close(be);
+}
+
+Test(cuda_emu, slots_in_place_as_chosen, .timeout = 900) {
+    slots_on(-1, true, 1000, "cuda_emu_slots_tied");
+}
+
+Test(cuda_emu, slots_in_place_row4q, .timeout = 900) {
+    slots_on(TOVL_CUDA_VARIANT_ROW4Q, false, 250, "cuda_emu_slots_row4q");
 }

@@ -17,6 +17,7 @@
 
 #include "conform.h"
 #include "hip/emu/hip_emu_api.h"
+#include "slots_check.h"
 #include "test_cuda_common.h"
 #include "testutil.h"
 
@@ -119,4 +120,23 @@ Test(hip_emu, refuses_other_widths) {
     cr_assert_eq(tovl_hip_emu_launch("rowdiff", grid, block, &a, 1, 48, false), TOVL_ERR_LAUNCH);
     cr_assert_eq(tovl_hip_emu_launch("no_such_kernel", grid, block, &a, 1, 64, false), TOVL_ERR_LAUNCH);
     cr_assert(strstr(tovl_last_error(), "no_such_kernel") != NULL, "%s", tovl_last_error());
+}
+
+/* Fixed-shape sets: rounds of random loads and unloads, each followed by the
+ * hooks, against from_slots sets on the CPU reference: 1000 at wave 64, 250
+ * more at wave 32. */
+static void slots_on(unsigned warp, bool tied, uint32_t rounds, const char *salt) {
+    tovl_backend *be = open_emu(warp, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, salt);
+    slots_eager e = {.be = be};
+    slots_replayer rp = slots_eager_replayer(&e);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = 12}, salt);
+    tovl_backend_close(be);
+}
+
+Test(hip_emu, slots_in_place_wave64, .timeout = 900) {
+    slots_on(64, true, 1000, "hip_emu_slots_wave64");
+}
+
+Test(hip_emu, slots_in_place_wave32, .timeout = 900) {
+    slots_on(32, false, 250, "hip_emu_slots_wave32");
 }

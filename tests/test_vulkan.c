@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu_kernels.h"
+#include "slots_check.h"
 #include "testutil.h"
 #include "tovl/tovl_vulkan.h"
 
@@ -783,4 +784,114 @@ Test(vulkan, bench_cli_names_a_bad_batch_size) {
     cr_expect(strstr(err, "more than 8 sizes") != NULL, "stderr: %s", err);
     cr_expect_eq(bench_cli("bench --tokens 65537", err, sizeof err), 2);
     cr_expect(strstr(err, "'65537' is not a batch size in 1 .. 65536") != NULL, "stderr: %s", err);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fixed-shape sets: one command buffer recorded with the hooks, submitted   */
+/* again after every load                                                    */
+/* ------------------------------------------------------------------------ */
+typedef struct recorded {
+    engine *e;
+} recorded;
+
+static void recorded_record(void *user, const slots_hooks *hooks) {
+    engine *e = ((recorded *)user)->e;
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    cr_assert_eq(DFN(e, vkBeginCommandBuffer)(e->cmd, &bi), VK_SUCCESS);
+    slots_enqueue(hooks, e->cmd);
+    cr_assert_eq(DFN(e, vkEndCommandBuffer)(e->cmd), VK_SUCCESS);
+}
+
+static void recorded_replay(void *user) {
+    engine *e = ((recorded *)user)->e;
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &e->cmd};
+    cr_assert_eq(DFN(e, vkQueueSubmit)(e->queue, 1, &si, e->fence), VK_SUCCESS);
+    cr_assert_eq(DFN(e, vkWaitForFences)(e->device, 1, &e->fence, VK_TRUE, UINT64_MAX), VK_SUCCESS);
+    cr_assert_eq(DFN(e, vkResetFences)(e->device, 1, &e->fence), VK_SUCCESS);
+}
+
+static void slots_recorded(bool tied, const char *tag) {
+    engine e;
+    tovl_backend *be = wrap_engine(&e);
+    recorded rec = {&e};
+    /* Loads on the backend's own submissions, on the queue the engine submits to. */
+    slots_replayer rp = {.record = recorded_record, .replay = recorded_replay, .load_stream = NULL, .user = &rec};
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = tied, .capacity = 12}, tag);
+    tovl_backend_close(be);
+    if (e.validation) {
+        cr_expect_eq(e.messages, 0, "%s: %u validation messages", tag, e.messages);
+    }
+    engine_close(&e);
+}
+
+Test(vulkan, slots_in_place_under_one_recorded_command_buffer_tied, .timeout = 600) {
+    slots_recorded(true, "vulkan_slots_tied");
+}
+
+Test(vulkan, slots_in_place_under_one_recorded_command_buffer_untied, .timeout = 600) {
+    slots_recorded(false, "vulkan_slots_untied");
+}
+
+/* A load recorded into the engine's own command buffer: the replaced overlay
+ * is held until that command buffer has run (its fence is a VkEvent). */
+Test(vulkan, a_load_in_a_command_buffer_releases_the_old_overlay_after_it_ran) {
+    engine e;
+    tovl_backend *be = wrap_engine(&e);
+    tu_rng r = tu_rng_for("vulkan_slots_fence");
+    enum { FV = 64, FH = 16, FN = 4 };
+    uint32_t ids[FN];
+    uint16_t rows[2][FN * FH];
+    tu_distinct_ids(&r, FV, FN, ids);
+    tu_fill_bf16(&r, rows[0], FN * FH);
+    tu_fill_bf16(&r, rows[1], FN * FH);
+    tovl_embed_overlay *a = NULL, *b = NULL;
+    cr_assert_eq(tu_build(be, FV, FH, ids, rows[0], FN, false, NULL, NULL, 0, false, &a), TOVL_OK);
+    cr_assert_eq(tu_build(be, FV, FH, ids, rows[1], FN, false, NULL, NULL, 0, false, &b), TOVL_OK);
+    tovl_set_shape shape = {2, FV, FH, false, FN, FN};
+    tovl_token_overlay_set *set = NULL;
+    cr_assert_eq(tovl_token_overlay_set_create(be, &shape, &set), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_load(set, 1, a, NULL), TOVL_OK, "%s", tovl_last_error());
+    tovl_embed_overlay_release(a);
+
+    VkCommandBuffer cmd = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo ci = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = e.pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                      .commandBufferCount = 1};
+    cr_assert_eq(DFN(&e, vkAllocateCommandBuffers)(e.device, &ci, &cmd), VK_SUCCESS);
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    cr_assert_eq(DFN(&e, vkBeginCommandBuffer)(cmd, &bi), VK_SUCCESS);
+    cr_assert_eq(tovl_token_overlay_set_load(set, 1, b, cmd), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(DFN(&e, vkEndCommandBuffer)(cmd), VK_SUCCESS);
+    cr_assert_eq(tovl_token_overlay_set_slot(set, 1), b);
+    uint32_t pending = 0;
+    cr_assert_eq(tovl_token_overlay_set_collect(set, &pending), TOVL_OK);
+    cr_assert_eq(pending, 1, "the replaced overlay went before the command buffer ran");
+    /* Not run yet: the device tables still point at A. */
+    tovl_overlay_tables t = tovl_token_overlay_set_tables(set);
+    uint64_t rows_ptr = 0;
+    cr_assert_eq(tovl_download(be, &rows_ptr, t.embed_rows_table + 8, 8), TOVL_OK);
+    cr_assert_neq(rows_ptr, tovl_embed_overlay_get_view(b).embed_rows, "a recorded load ran before its submit");
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cmd};
+    cr_assert_eq(DFN(&e, vkQueueSubmit)(e.queue, 1, &si, e.fence), VK_SUCCESS);
+    cr_assert_eq(DFN(&e, vkWaitForFences)(e.device, 1, &e.fence, VK_TRUE, UINT64_MAX), VK_SUCCESS);
+    cr_assert_eq(tovl_download(be, &rows_ptr, t.embed_rows_table + 8, 8), TOVL_OK);
+    cr_assert_eq(rows_ptr, tovl_embed_overlay_get_view(b).embed_rows, "the submitted load did not land");
+    cr_assert_eq(tovl_token_overlay_set_collect(set, &pending), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(pending, 0, "the replaced overlay is still held after its command buffer ran");
+    tovl_embed_overlay_release(b);
+    tovl_token_overlay_set_destroy(set);
+    DFN(&e, vkFreeCommandBuffers)(e.device, e.pool, 1, &cmd);
+    tovl_backend_close(be);
+    if (e.validation) {
+        cr_expect_eq(e.messages, 0, "%u validation messages", e.messages);
+    }
+    engine_close(&e);
+}
+
+Test(vulkan, slots_loader_thread_beside_a_serving_thread, .timeout = 600) {
+    tovl_backend *be = open_vulkan();
+    slots_threaded_check(be, "slots_threads_vulkan", 300);
+    tovl_backend_close(be);
 }

@@ -111,6 +111,7 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0 };
     X(cuModuleGetGlobal, CUresult, (CUdeviceptr * ptr, size_t * bytes, CUmodule module, const char *name)) \
     X(cuMemAlloc, CUresult, (CUdeviceptr * ptr, size_t bytes))                                           \
     X(cuMemFree, CUresult, (CUdeviceptr ptr))                                                            \
+    X(cuMemGetInfo, CUresult, (size_t * free, size_t *total))                                            \
     X(cuMemcpyHtoDAsync, CUresult, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream))    \
     X(cuMemcpyDtoHAsync, CUresult, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))          \
     X(cuMemcpyDtoDAsync, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))    \
