@@ -159,10 +159,7 @@ extern "C" {
     pub fn tovl_backend_list(out: *mut tovl_backend_info, capacity: usize) -> usize;
 }
 extern "C" {
-    pub fn tovl_backend_open(
-        name: *const ::std::os::raw::c_char,
-        out: *mut *mut tovl_backend,
-    ) -> tovl_status;
+    pub fn tovl_backend_open(name: *const ::std::os::raw::c_char, out: *mut *mut tovl_backend) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_backend_close(backend: *mut tovl_backend);
@@ -180,11 +177,7 @@ extern "C" {
     ) -> *const ::std::os::raw::c_char;
 }
 extern "C" {
-    pub fn tovl_alloc(
-        backend: *mut tovl_backend,
-        bytes: usize,
-        out: *mut tovl_devptr,
-    ) -> tovl_status;
+    pub fn tovl_alloc(backend: *mut tovl_backend, bytes: usize, out: *mut tovl_devptr) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_free(backend: *mut tovl_backend, ptr: tovl_devptr);
@@ -206,25 +199,14 @@ extern "C" {
     ) -> tovl_status;
 }
 extern "C" {
-    pub fn tovl_fill_u32(
-        backend: *mut tovl_backend,
-        dst: tovl_devptr,
-        pattern: u32,
-        bytes: usize,
-    ) -> tovl_status;
+    pub fn tovl_fill_u32(backend: *mut tovl_backend, dst: tovl_devptr, pattern: u32, bytes: usize) -> tovl_status;
 }
 extern "C" {
-    pub fn tovl_synchronize(
-        backend: *mut tovl_backend,
-        stream: *mut ::std::os::raw::c_void,
-    ) -> tovl_status;
+    pub fn tovl_synchronize(backend: *mut tovl_backend, stream: *mut ::std::os::raw::c_void) -> tovl_status;
 }
 pub type tovl_kernel = u64;
 extern "C" {
-    pub fn tovl_try_kernel(
-        backend: *mut tovl_backend,
-        name: *const ::std::os::raw::c_char,
-    ) -> tovl_kernel;
+    pub fn tovl_try_kernel(backend: *mut tovl_backend, name: *const ::std::os::raw::c_char) -> tovl_kernel;
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -785,9 +767,7 @@ fn bindgen_test_layout_tovl_embed_overlay_view() {
     test_field_lmhead_rows();
 }
 extern "C" {
-    pub fn tovl_embed_overlay_get_view(
-        overlay: *const tovl_embed_overlay,
-    ) -> tovl_embed_overlay_view;
+    pub fn tovl_embed_overlay_get_view(overlay: *const tovl_embed_overlay) -> tovl_embed_overlay_view;
 }
 extern "C" {
     pub fn tovl_rowdiff(
@@ -960,8 +940,7 @@ fn bindgen_test_layout_tovl_overlay_tables() {
     test_field_n_override_table();
 }
 extern "C" {
-    pub fn tovl_token_overlay_set_tables(set: *const tovl_token_overlay_set)
-        -> tovl_overlay_tables;
+    pub fn tovl_token_overlay_set_tables(set: *const tovl_token_overlay_set) -> tovl_overlay_tables;
 }
 extern "C" {
     pub fn tovl_vocab_shard_range(
@@ -1333,12 +1312,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).name) as usize - ptr as usize
             },
             0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(name)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(name))
         );
     }
     test_field_name();
@@ -1350,12 +1324,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).dtype) as usize - ptr as usize
             },
             8usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(dtype)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(dtype))
         );
     }
     test_field_dtype();
@@ -1384,12 +1353,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).ndim) as usize - ptr as usize
             },
             20usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(ndim)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(ndim))
         );
     }
     test_field_ndim();
@@ -1401,12 +1365,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).shape) as usize - ptr as usize
             },
             24usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(shape)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(shape))
         );
     }
     test_field_shape();
@@ -1418,12 +1377,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).count) as usize - ptr as usize
             },
             32usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(count)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(count))
         );
     }
     test_field_count();
@@ -1435,12 +1389,7 @@ fn bindgen_test_layout_tovl_tensor() {
                 ::std::ptr::addr_of!((*ptr).data) as usize - ptr as usize
             },
             40usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_tensor),
-                "::",
-                stringify!(data)
-            )
+            concat!("Offset of field: ", stringify!(tovl_tensor), "::", stringify!(data))
         );
     }
     test_field_data();
@@ -1451,10 +1400,7 @@ pub struct tovl_safetensors {
     _unused: [u8; 0],
 }
 extern "C" {
-    pub fn tovl_safetensors_open(
-        path: *const ::std::os::raw::c_char,
-        out: *mut *mut tovl_safetensors,
-    ) -> tovl_status;
+    pub fn tovl_safetensors_open(path: *const ::std::os::raw::c_char, out: *mut *mut tovl_safetensors) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_safetensors_open_memory(
@@ -1530,12 +1476,7 @@ fn bindgen_test_layout_tovl_model_info() {
                 ::std::ptr::addr_of!((*ptr).dir) as usize - ptr as usize
             },
             0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_model_info),
-                "::",
-                stringify!(dir)
-            )
+            concat!("Offset of field: ", stringify!(tovl_model_info), "::", stringify!(dir))
         );
     }
     test_field_dir();
@@ -1598,12 +1539,7 @@ fn bindgen_test_layout_tovl_model_info() {
                 ::std::ptr::addr_of!((*ptr).tied) as usize - ptr as usize
             },
             20usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_model_info),
-                "::",
-                stringify!(tied)
-            )
+            concat!("Offset of field: ", stringify!(tovl_model_info), "::", stringify!(tied))
         );
     }
     test_field_tied();
@@ -2038,10 +1974,7 @@ fn bindgen_test_layout_tovl_adapter_info() {
     test_field_other_tensors();
 }
 extern "C" {
-    pub fn tovl_adapter_open(
-        dir: *const ::std::os::raw::c_char,
-        out: *mut *mut tovl_adapter,
-    ) -> tovl_status;
+    pub fn tovl_adapter_open(dir: *const ::std::os::raw::c_char, out: *mut *mut tovl_adapter) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_adapter_close(adapter: *mut tovl_adapter);
@@ -2192,9 +2125,7 @@ extern "C" {
     pub fn tovl_adapter_rows_free(rows: *mut tovl_adapter_rows);
 }
 extern "C" {
-    pub fn tovl_adapter_rows_get_info(
-        rows: *const tovl_adapter_rows,
-    ) -> *const tovl_adapter_rows_info;
+    pub fn tovl_adapter_rows_get_info(rows: *const tovl_adapter_rows) -> *const tovl_adapter_rows_info;
 }
 extern "C" {
     pub fn tovl_adapter_build_overlay(
@@ -2236,12 +2167,7 @@ fn bindgen_test_layout_tovl_rowdiff_args() {
                 ::std::ptr::addr_of!((*ptr).a) as usize - ptr as usize
             },
             0usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_rowdiff_args),
-                "::",
-                stringify!(a)
-            )
+            concat!("Offset of field: ", stringify!(tovl_rowdiff_args), "::", stringify!(a))
         );
     }
     test_field_a();
@@ -2253,12 +2179,7 @@ fn bindgen_test_layout_tovl_rowdiff_args() {
                 ::std::ptr::addr_of!((*ptr).b) as usize - ptr as usize
             },
             8usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_rowdiff_args),
-                "::",
-                stringify!(b)
-            )
+            concat!("Offset of field: ", stringify!(tovl_rowdiff_args), "::", stringify!(b))
         );
     }
     test_field_b();
@@ -2304,12 +2225,7 @@ fn bindgen_test_layout_tovl_rowdiff_args() {
                 ::std::ptr::addr_of!((*ptr).h) as usize - ptr as usize
             },
             28usize,
-            concat!(
-                "Offset of field: ",
-                stringify!(tovl_rowdiff_args),
-                "::",
-                stringify!(h)
-            )
+            concat!("Offset of field: ", stringify!(tovl_rowdiff_args), "::", stringify!(h))
         );
     }
     test_field_h();
@@ -2909,9 +2825,8 @@ pub struct tovl_backend_iface {
     pub iface_version: u32,
     pub name: *const ::std::os::raw::c_char,
     pub destroy: ::std::option::Option<unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void)>,
-    pub device: ::std::option::Option<
-        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void) -> *const ::std::os::raw::c_char,
-    >,
+    pub device:
+        ::std::option::Option<unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void) -> *const ::std::os::raw::c_char>,
     pub property: ::std::option::Option<
         unsafe extern "C" fn(
             ctx: *mut ::std::os::raw::c_void,
@@ -2919,15 +2834,9 @@ pub struct tovl_backend_iface {
         ) -> *const ::std::os::raw::c_char,
     >,
     pub alloc: ::std::option::Option<
-        unsafe extern "C" fn(
-            ctx: *mut ::std::os::raw::c_void,
-            bytes: usize,
-            out: *mut tovl_devptr,
-        ) -> tovl_status,
+        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, bytes: usize, out: *mut tovl_devptr) -> tovl_status,
     >,
-    pub free: ::std::option::Option<
-        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, ptr: tovl_devptr),
-    >,
+    pub free: ::std::option::Option<unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, ptr: tovl_devptr)>,
     pub upload: ::std::option::Option<
         unsafe extern "C" fn(
             ctx: *mut ::std::os::raw::c_void,
@@ -2953,10 +2862,7 @@ pub struct tovl_backend_iface {
         ) -> tovl_status,
     >,
     pub try_kernel: ::std::option::Option<
-        unsafe extern "C" fn(
-            ctx: *mut ::std::os::raw::c_void,
-            name: *const ::std::os::raw::c_char,
-        ) -> tovl_kernel,
+        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, name: *const ::std::os::raw::c_char) -> tovl_kernel,
     >,
     pub launch: ::std::option::Option<
         unsafe extern "C" fn(
@@ -2969,10 +2875,7 @@ pub struct tovl_backend_iface {
         ) -> tovl_status,
     >,
     pub synchronize: ::std::option::Option<
-        unsafe extern "C" fn(
-            ctx: *mut ::std::os::raw::c_void,
-            stream: *mut ::std::os::raw::c_void,
-        ) -> tovl_status,
+        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, stream: *mut ::std::os::raw::c_void) -> tovl_status,
     >,
     pub time_kernel: ::std::option::Option<
         unsafe extern "C" fn(
@@ -3283,8 +3186,7 @@ extern "C" {
 #[derive(Debug, Copy, Clone)]
 pub struct tovl_backend_factory {
     pub name: *const ::std::os::raw::c_char,
-    pub open:
-        ::std::option::Option<unsafe extern "C" fn(out: *mut *mut tovl_backend) -> tovl_status>,
+    pub open: ::std::option::Option<unsafe extern "C" fn(out: *mut *mut tovl_backend) -> tovl_status>,
 }
 #[test]
 fn bindgen_test_layout_tovl_backend_factory() {
@@ -3334,10 +3236,7 @@ fn bindgen_test_layout_tovl_backend_factory() {
     test_field_open();
 }
 extern "C" {
-    pub fn tovl_cuda_backend_wrap(
-        cu_context: *mut ::std::os::raw::c_void,
-        out: *mut *mut tovl_backend,
-    ) -> tovl_status;
+    pub fn tovl_cuda_backend_wrap(cu_context: *mut ::std::os::raw::c_void, out: *mut *mut tovl_backend) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_cuda_backend_open_image(
@@ -3348,10 +3247,7 @@ extern "C" {
     ) -> tovl_status;
 }
 extern "C" {
-    pub fn tovl_hip_backend_open_device(
-        device: ::std::os::raw::c_int,
-        out: *mut *mut tovl_backend,
-    ) -> tovl_status;
+    pub fn tovl_hip_backend_open_device(device: ::std::os::raw::c_int, out: *mut *mut tovl_backend) -> tovl_status;
 }
 pub type tovl_vk_void_function = ::std::option::Option<unsafe extern "C" fn()>;
 pub type tovl_vk_get_instance_proc_addr = ::std::option::Option<
@@ -3486,8 +3382,5 @@ fn bindgen_test_layout_tovl_vulkan_device_desc() {
     test_field_get_instance_proc_addr();
 }
 extern "C" {
-    pub fn tovl_vulkan_backend_wrap(
-        desc: *const tovl_vulkan_device_desc,
-        out: *mut *mut tovl_backend,
-    ) -> tovl_status;
+    pub fn tovl_vulkan_backend_wrap(desc: *const tovl_vulkan_device_desc, out: *mut *mut tovl_backend) -> tovl_status;
 }

@@ -25,21 +25,21 @@ fn status_codes() {
         (TOVL_ERR_INTERNAL, 900),
     ];
     for &(got, want) in expected {
-        assert_eq!(got as u32, want);
+        assert_eq!(got, want);
     }
     assert_eq!(std::mem::size_of::<tovl_status>(), 4);
 }
 
 #[test]
 fn other_enums() {
-    assert_eq!(TOVL_LOGITS_BF16 as u32, 0);
-    assert_eq!(TOVL_LOGITS_F32 as u32, 1);
-    assert_eq!(TOVL_SOURCE_TRAINABLE_TOKENS as u32, 0);
-    assert_eq!(TOVL_SOURCE_MODULES_TO_SAVE as u32, 1);
-    assert_eq!(TOVL_SOURCE_SAVED_BASE as u32, 2);
-    assert_eq!(TOVL_SOURCE_VLLM_EXTRA_VOCAB as u32, 3);
-    assert_eq!(TOVL_MODULE_EMBED as u32, 0);
-    assert_eq!(TOVL_MODULE_LMHEAD as u32, 1);
+    assert_eq!(TOVL_LOGITS_BF16, 0);
+    assert_eq!(TOVL_LOGITS_F32, 1);
+    assert_eq!(TOVL_SOURCE_TRAINABLE_TOKENS, 0);
+    assert_eq!(TOVL_SOURCE_MODULES_TO_SAVE, 1);
+    assert_eq!(TOVL_SOURCE_SAVED_BASE, 2);
+    assert_eq!(TOVL_SOURCE_VLLM_EXTRA_VOCAB, 3);
+    assert_eq!(TOVL_MODULE_EMBED, 0);
+    assert_eq!(TOVL_MODULE_LMHEAD, 1);
     assert_eq!(std::mem::size_of::<tovl_logits_dtype>(), 4);
 }
 
