@@ -106,7 +106,9 @@ struct Case {
     probe: Probe,
 }
 
+// One line per case, in the column order of conform.c's table.
 #[rustfmt::skip]
+#[allow(clippy::too_many_arguments)]
 const fn case(name: &'static str, t: u32, h: u32, vocab: u32, extra_ld: u32, max_loras: u32, rows_per_slot: u32,
               tied: bool, specials: bool, active_slot: bool, misaligned: bool, subnormal_dots: bool,
               hostile_slots: bool, probe: Probe) -> Case {
