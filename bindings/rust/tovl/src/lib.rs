@@ -34,6 +34,16 @@
 //! overlays, sets and device buffers borrow it (a lifetime), so the compiler
 //! keeps them on its thread and ends them before it closes. Models, adapters
 //! and safetensors files belong to no backend and are `Send + Sync`.
+//!
+//! Two threads cannot share a backend (this does not build):
+//!
+//! ```compile_fail
+//! let be = tovl::Backend::open("cpu").unwrap();
+//! std::thread::scope(|s| {
+//!     s.spawn(|| be.name()); // `Backend` is not `Sync`
+//!     be.name()
+//! });
+//! ```
 #![deny(missing_docs)]
 
 mod backend;
