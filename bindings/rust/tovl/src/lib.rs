@@ -37,7 +37,7 @@
 //!
 //! Two threads cannot share a backend (this does not build):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0277
 //! let be = tovl::Backend::open("cpu").unwrap();
 //! std::thread::scope(|s| {
 //!     s.spawn(|| be.name()); // `Backend` is not `Sync`
