@@ -6,6 +6,7 @@
 //!   - every other cell is exactly tovl's own base product, and close to
 //!     PEFT's, so a wrong tied-model rule (a missing or extra patch) fails;
 //!   - guards around every output and the ld padding columns keep their poison.
+//!
 //! A mixed batch of several adapters in slots, with slot -1 rows, must match
 //! each adapter run alone. Adapters tovl refuses are refused with the names
 //! the C tests expect.
