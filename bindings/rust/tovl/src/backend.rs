@@ -326,7 +326,7 @@ impl Backend {
         }
         // RTLD_DEFAULT is NULL on glibc: search the loaded libtovl.
         // SAFETY: a NUL-terminated name; dlsym only looks it up.
-        let sym = unsafe { dlsym(std::ptr::null_mut(), b"tovl_hip_backend_open_device\0".as_ptr().cast()) };
+        let sym = unsafe { dlsym(std::ptr::null_mut(), c"tovl_hip_backend_open_device".as_ptr()) };
         if sym.is_null() {
             return Err(Error::new(
                 Status::BackendUnavailable,

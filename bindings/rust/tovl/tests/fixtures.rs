@@ -262,10 +262,10 @@ fn run_case(be: &Backend, k: &OverlayKernels, c: &Case) -> Result<Counts, String
                     return Err(format!("{what}: padding column {v} of row {t} written"));
                 }
             }
-            for v in 0..e.vocab {
+            for (v, &overridden) in patched.iter().enumerate() {
                 let (mine, same_as_base, _) = cell(t, v);
                 let peft = e.logits[t * e.vocab + v];
-                if patched[v] {
+                if overridden {
                     n.logits_cells_changed += !same_as_base as usize;
                     if bf16_units(mine, peft) > 1 {
                         return Err(format!(
