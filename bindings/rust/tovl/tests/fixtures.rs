@@ -360,8 +360,12 @@ fn shared_fixtures_cpu_and_vulkan() {
 #[test]
 #[ignore = "needs a CUDA device: the GPU suite runs it (scripts/gpu/rust.sh)"]
 fn committed_fixtures_cuda() {
-    assert!(Backend::open("cuda").is_ok(), "a CUDA device is required for this test");
+    if let Err(e) = Backend::open("cuda") {
+        panic!("a CUDA device is required for this test: {e}");
+    }
     run_all("cuda", &committed_cases());
+    mixed_batch("cuda", TIED_MIX);
+    mixed_batch("cuda", ADDED_TIED_MIX);
 }
 
 // ---- a mixed batch: several adapters in slots, and base rows ---------------
