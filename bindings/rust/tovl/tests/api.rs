@@ -422,3 +422,30 @@ fn thread_markers_follow_the_c_rules() {
     assert_eq!(moved, "cpu");
     let _ = std::marker::PhantomData::<EmbedOverlay<'static>>;
 }
+
+#[test]
+fn engine_device_wrappers_refuse_missing_handles() {
+    let null = std::ptr::null_mut();
+    // SAFETY: NULL handles are refused before any is used.
+    let e = unsafe { Backend::cuda_wrap(null) }.expect_err("no context");
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.detail().contains("cu_context"), "{:?}", e.detail());
+    let desc = tovl::VulkanDevice {
+        instance: null,
+        physical_device: null,
+        device: null,
+        queue_family: 0,
+        queue_index: 0,
+        get_instance_proc_addr: None,
+    };
+    // SAFETY: as above.
+    let e = unsafe { Backend::vulkan_wrap(&desc) }.expect_err("no device");
+    assert_eq!(e.status(), Status::InvalidArgument);
+    // Built with HIP: a negative index is refused; built without: unavailable, said at run time.
+    let e = Backend::hip_open_device(-1).expect_err("no device -1");
+    assert!(
+        matches!(e.status(), Status::InvalidArgument | Status::BackendUnavailable),
+        "{e}"
+    );
+    assert!(Backend::cuda_open_image(&[], Some("empty")).is_err());
+}
