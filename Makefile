@@ -5,7 +5,8 @@
 #               again under ASan+UBSan (scripts/sanitize.sh), then build the
 #               library as a packager would (Release: -O3, whose warnings differ
 #               from -O2's), install it and build an example consumer against
-#               the installed tree (scripts/check-install.sh)
+#               the installed tree (scripts/check-install.sh); the Rust
+#               bindings' checks (scripts/test-rust.sh) run after CTest
 # Everything else is CMake (CMakePresets.json); this file only strings it together.
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -19,6 +20,7 @@ run: build
 
 test: build
 	ctest --preset default -j $(JOBS)
+	JOBS=$(JOBS) scripts/test-rust.sh
 	JOBS=$(JOBS) scripts/sanitize.sh
 	JOBS=$(JOBS) scripts/check-install.sh
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) scripts/setup-python.sh

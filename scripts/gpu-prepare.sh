@@ -27,6 +27,27 @@ rm -rf "$src" && mkdir -p "$src"
 git archive HEAD | tar -x -C "$src"
 cmake -S "$src" -B "$src/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOVL_BUILD_FUZZERS=OFF
 cmake --build "$src/build-gpu" -j "$(nproc)"
+# The Rust bindings' GPU tests (scripts/gpu/rust.sh), built here against that
+# build (the GPU image has no cargo): the conformance and fixture test
+# binaries and the serving example, under stable names in build-gpu/rust/.
+# Their rpath and fixture paths point into $src, which gpu-suite.sh links back.
+if command -v cargo >/dev/null || [ -x "$HOME/.cargo/bin/cargo" ]; then
+  PATH="$HOME/.cargo/bin:$PATH" TOVL_LIB_DIR="$src/build-gpu" cargo build --offline --release \
+    --manifest-path "$src/bindings/rust/Cargo.toml" --target-dir "$src/rust-target" \
+    --tests --examples --message-format=json > "$src/rust-build.json"
+  mkdir -p "$src/build-gpu/rust"
+  python3 - "$src/rust-build.json" "$src/build-gpu/rust" <<'PY'
+import json, shutil, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    name = m.get("target", {}).get("name")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and name in ("conform", "fixtures", "serve_demo"):
+        shutil.copy2(m["executable"], f"{sys.argv[2]}/{name}")
+PY
+  ls "$src/build-gpu/rust"
+else
+  echo "gpu-prepare: no cargo here: the Rust part (scripts/gpu/rust.sh) will report FAIL"
+fi
 rm -rf build-gpu && cp -a "$src/build-gpu" build-gpu
 git rev-parse --short HEAD > build-gpu/COMMIT   # what the figures were built from (no .git there)
 

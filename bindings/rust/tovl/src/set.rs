@@ -1,0 +1,338 @@
+//! The adapter pool (`TokenOverlaySet`) and the forward hooks.
+use std::ops::Range;
+use std::ptr::NonNull;
+
+use tovl_sys as sys;
+
+use crate::backend::{Backend, DevicePtr, GpuBackend, OverlayKernels, Stream};
+use crate::error::{check, Error, Result, Status};
+use crate::overlay::EmbedOverlay;
+
+/// The overlay tables for the whole adapter pool, built from the per-slot
+/// overlays; an engine keeps it only when some slot has an overlay
+/// ([`any_active`](TokenOverlaySet::any_active)). Destroyed on drop.
+///
+/// The seeds' fields are methods here: the tables belong to the C set that
+/// the hooks read, so they are answered by it rather than copied into
+/// fields that could be changed without the hooks seeing it.
+#[derive(Debug)]
+pub struct TokenOverlaySet<'b> {
+    raw: NonNull<sys::tovl_token_overlay_set>,
+    overlays: Vec<Option<EmbedOverlay<'b>>>,
+    backend: &'b Backend,
+}
+
+impl Drop for TokenOverlaySet<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the set is destroyed once; its overlays drop after it.
+        unsafe { sys::tovl_token_overlay_set_destroy(self.raw.as_ptr()) }
+    }
+}
+
+/// Which slot each row of a batch uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slots {
+    /// A device `i32[T]` array, one slot per row (< 0 or >= max_loras: none).
+    PerRow(DevicePtr),
+    /// One slot for every row (< 0: no launch at all).
+    All(i32),
+}
+
+impl Slots {
+    fn raw(self) -> (u64, i32) {
+        match self {
+            Slots::PerRow(p) => (p.0, -1),
+            Slots::All(s) => (0, s),
+        }
+    }
+}
+
+/// The embed hook's batch: after the embedding gather, before any scale.
+#[derive(Clone, Copy, Debug)]
+pub struct EmbedHookArgs {
+    /// bf16 `[tokens, hidden_size]`, patched in place.
+    pub hidden: DevicePtr,
+    /// `u32[tokens]` token ids (i32 ids read as u32: negatives are past the vocab).
+    pub token_ids: DevicePtr,
+    /// The rows' slots.
+    pub slots: Slots,
+    /// Rows in the batch (T).
+    pub tokens: u32,
+    /// The row width; must equal the set's hidden size.
+    pub hidden_size: u32,
+}
+
+/// The dtype of the logits the lm_head hook patches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsDtype {
+    /// bf16 logits.
+    Bf16,
+    /// f32 logits.
+    F32,
+}
+
+/// The lm_head hook's batch: after the lm_head projection, before any softcap.
+#[derive(Clone, Copy, Debug)]
+pub struct LmHeadHookArgs {
+    /// `[tokens, ld]` of `dtype`, patched in place.
+    pub logits: DevicePtr,
+    /// The logits' dtype.
+    pub dtype: LogitsDtype,
+    /// Row stride in elements, >= the set's vocab (a shard set: its shard's width).
+    pub ld: u64,
+    /// bf16 `[tokens, hidden_size]` final hidden states.
+    pub hidden: DevicePtr,
+    /// The rows' slots.
+    pub slots: Slots,
+    /// Rows in the batch (T).
+    pub tokens: u32,
+    /// The hidden size; must equal the set's.
+    pub hidden_size: u32,
+}
+
+impl<'b> TokenOverlaySet<'b> {
+    fn slots_of(
+        backend: &Backend,
+        overlays: &[Option<EmbedOverlay<'b>>],
+        max_loras: usize,
+    ) -> Result<(u32, Vec<*mut sys::tovl_embed_overlay>)> {
+        let n = u32::try_from(max_loras).ok().filter(|&n| n > 0).ok_or_else(|| {
+            Error::new(
+                Status::InvalidArgument,
+                format!("max_loras {max_loras}: must be 1 .. 2^32-1"),
+            )
+        })?;
+        if overlays.len() > max_loras {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!("{} overlays for max_loras {max_loras} slots", overlays.len()),
+            ));
+        }
+        let mut raw = vec![std::ptr::null_mut(); max_loras];
+        for (s, ov) in overlays.iter().enumerate() {
+            if let Some(ov) = ov {
+                if !ov.is_on(backend) {
+                    return Err(Error::new(
+                        Status::InvalidArgument,
+                        format!(
+                            "slot {s}: the overlay was built on another backend than {}",
+                            backend.name()
+                        ),
+                    ));
+                }
+                raw[s] = ov.as_raw();
+            }
+        }
+        Ok((n, raw))
+    }
+
+    fn from_out(
+        code: sys::tovl_status,
+        raw: *mut sys::tovl_token_overlay_set,
+        overlays: Vec<Option<EmbedOverlay<'b>>>,
+        backend: &'b Backend,
+    ) -> Result<Self> {
+        check(code)?;
+        let raw =
+            NonNull::new(raw).ok_or_else(|| Error::new(Status::Internal, "from_slots returned success and NULL"))?;
+        Ok(TokenOverlaySet { raw, overlays, backend })
+    }
+
+    /// Build the tables for `max_loras` slots; `overlays[s]` `None` is an empty
+    /// slot, and slots past `overlays.len()` are empty. A slot's lm_head cells
+    /// are its own lm_head overlay when it has one; else, when `tied`, its
+    /// embed rows and ids; else none. Errors: `VocabMismatch` or
+    /// `ShapeMismatch` for two overlays of different vocab or hidden size
+    /// (naming both slots); `InvalidArgument` for more overlays than slots or
+    /// an overlay of another backend.
+    pub fn from_slots(
+        gpu: &'b dyn GpuBackend,
+        overlays: Vec<Option<EmbedOverlay<'b>>>,
+        max_loras: usize,
+        tied: bool,
+    ) -> Result<Self> {
+        let backend = gpu.backend();
+        let (n, raw_slots) = Self::slots_of(backend, &overlays, max_loras)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: raw_slots holds max_loras entries, each NULL or a live overlay of this backend.
+        let code =
+            unsafe { sys::tovl_token_overlay_set_from_slots(backend.as_raw(), raw_slots.as_ptr(), n, tied, &mut raw) };
+        Self::from_out(code, raw, overlays, backend)
+    }
+
+    /// A set for one tensor-parallel vocab shard `vocab` (`[start, end)` of the
+    /// served vocab): its lm_head cells are the overlay ids inside the shard,
+    /// at column `id - start` of the rank's logits shard; the embedding side
+    /// is the whole overlay (tovl.h, `tovl_token_overlay_set_from_slots_shard`).
+    pub fn from_slots_shard(
+        gpu: &'b dyn GpuBackend,
+        overlays: Vec<Option<EmbedOverlay<'b>>>,
+        max_loras: usize,
+        tied: bool,
+        vocab: Range<u32>,
+    ) -> Result<Self> {
+        let backend = gpu.backend();
+        let (n, raw_slots) = Self::slots_of(backend, &overlays, max_loras)?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: as from_slots.
+        let code = unsafe {
+            sys::tovl_token_overlay_set_from_slots_shard(
+                backend.as_raw(),
+                raw_slots.as_ptr(),
+                n,
+                tied,
+                vocab.start,
+                vocab.end,
+                &mut raw,
+            )
+        };
+        Self::from_out(code, raw, overlays, backend)
+    }
+
+    /// True when at least one slot has an overlay.
+    pub fn any_active(&self) -> bool {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_any_active(self.raw.as_ptr()) }
+    }
+
+    /// The per-slot overlays, kept so the buffers the tables point into stay
+    /// allocated (the C set also holds a reference of its own).
+    pub fn overlays(&self) -> &[Option<EmbedOverlay<'b>>] {
+        &self.overlays
+    }
+
+    fn tables(&self) -> sys::tovl_overlay_tables {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_tables(self.raw.as_ptr()) }
+    }
+
+    /// `u64[max_loras]` of `i32[vocab]` slot_map pointers, 0 for a slot without an overlay.
+    pub fn embed_slot_map_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().embed_slot_map_table)
+    }
+
+    /// `u64[max_loras]` of embed row pointers (`[n, h]` bf16).
+    pub fn embed_rows_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().embed_rows_table)
+    }
+
+    /// `u32[max_loras]` embed row counts; the embed kernel skips a slot_map entry not below it.
+    pub fn embed_n_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().embed_n_table)
+    }
+
+    /// `u64[max_loras]` of lm_head row pointers.
+    pub fn lmhead_rows_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().lmhead_rows_table)
+    }
+
+    /// `u64[max_loras]` of lm_head id pointers (`u32[n]`).
+    pub fn lmhead_ids_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().lmhead_ids_table)
+    }
+
+    /// `u32[max_loras]` lm_head row counts; 0 skips the slot.
+    pub fn n_override_table(&self) -> DevicePtr {
+        DevicePtr(self.tables().n_override_table)
+    }
+
+    /// The slot_map length of every overlay (0 when there is none); the
+    /// kernels skip token ids >= vocab.
+    pub fn vocab(&self) -> u32 {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_vocab(self.raw.as_ptr()) }
+    }
+
+    /// The hidden size of the present overlays (0 when none).
+    pub fn hidden(&self) -> u32 {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_hidden(self.raw.as_ptr()) }
+    }
+
+    /// The largest lm_head row count: the lm_head kernel's grid.y.
+    pub fn max_n_override(&self) -> u32 {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_max_n_override(self.raw.as_ptr()) }
+    }
+
+    /// The number of slots.
+    pub fn max_loras(&self) -> u32 {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_max_loras(self.raw.as_ptr()) }
+    }
+
+    /// The vocab range the set covers: `0..vocab` unless built by `from_slots_shard`.
+    pub fn shard_range(&self) -> Range<u32> {
+        let (mut start, mut end) = (0, 0);
+        // SAFETY: a live set; both outputs are valid.
+        unsafe { sys::tovl_token_overlay_set_shard_range(self.raw.as_ptr(), &mut start, &mut end) };
+        start..end
+    }
+
+    /// The backend the set was built on.
+    pub fn backend(&self) -> &'b Backend {
+        self.backend
+    }
+
+    /// Enqueue the embed hook on `stream`: each row whose slot's overlay has
+    /// its token id gets that overlay's row, bit for bit. Never allocates,
+    /// copies to the host or synchronizes (CUDA/HIP graphs can capture it). A
+    /// zero kernel handle, an inactive set, no rows or `Slots::All(< 0)`:
+    /// success without a launch.
+    ///
+    /// # Safety
+    /// `args.hidden` is `[tokens, hidden_size]` bf16, `args.token_ids`
+    /// `u32[tokens]` and a `Slots::PerRow` array `i32[tokens]`, all device
+    /// memory of this set's backend that stays valid, and unused by anything
+    /// else, until the work on `stream` is done.
+    pub unsafe fn embed_hook(&self, kernels: &OverlayKernels, args: &EmbedHookArgs, stream: Stream) -> Result<()> {
+        let k = kernels.checked(self.backend)?;
+        let (slots, active_slot) = args.slots.raw();
+        let a = sys::tovl_embed_hook_args {
+            hidden: args.hidden.0,
+            token_ids: args.token_ids.0,
+            slots,
+            active_slot,
+            T: args.tokens,
+            hidden_size: args.hidden_size,
+        };
+        check(sys::tovl_embed_hook(self.raw.as_ptr(), &k, &a, stream.as_raw()))
+    }
+
+    /// Enqueue the lm_head hook on `stream`: recomputes the logits cells of
+    /// overridden ids in the spec's fixed dot order (bit-exact across
+    /// backends). Launch rules as [`embed_hook`](Self::embed_hook).
+    ///
+    /// # Safety
+    /// `args.logits` is `[tokens, ld]` of `args.dtype`, `args.hidden`
+    /// `[tokens, hidden_size]` bf16 and a `Slots::PerRow` array `i32[tokens]`,
+    /// all device memory of this set's backend that stays valid, and unused by
+    /// anything else, until the work on `stream` is done.
+    pub unsafe fn lmhead_hook(&self, kernels: &OverlayKernels, args: &LmHeadHookArgs, stream: Stream) -> Result<()> {
+        let k = kernels.checked(self.backend)?;
+        let (slots, active_slot) = args.slots.raw();
+        let a = sys::tovl_lmhead_hook_args {
+            logits: args.logits.0,
+            logits_dtype: match args.dtype {
+                LogitsDtype::Bf16 => sys::TOVL_LOGITS_BF16,
+                LogitsDtype::F32 => sys::TOVL_LOGITS_F32,
+            },
+            ld: args.ld,
+            hidden: args.hidden.0,
+            slots,
+            active_slot,
+            T: args.tokens,
+            hidden_size: args.hidden_size,
+        };
+        check(sys::tovl_lmhead_hook(self.raw.as_ptr(), &k, &a, stream.as_raw()))
+    }
+}
+
+/// vLLM's split of the vocabulary over `world_size` ranks: rank `rank`'s
+/// `[start, end)` of the vocab padded to a multiple of `pad_multiple` (0: 64).
+pub fn vocab_shard_range(vocab: u32, world_size: u32, rank: u32, pad_multiple: u32) -> Result<Range<u32>> {
+    let (mut start, mut end) = (0, 0);
+    // SAFETY: both outputs are valid.
+    check(unsafe { sys::tovl_vocab_shard_range(vocab, world_size, rank, pad_multiple, &mut start, &mut end) })?;
+    Ok(start..end)
+}
