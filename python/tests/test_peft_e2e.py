@@ -292,6 +292,29 @@ def test_mixed_batch(tied, device, cases, workdir):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_adapters_swapped_between_batches(tied, device, cases, workdir):
+    """Two slots and every adapter kind: three batches, the slots loaded and unloaded in place
+    between them (the pool's one fixed-shape set), each batch checked against PEFT."""
+    g = torch.Generator().manual_seed(SEED + 200)
+    base = pc.save_base(tied, workdir, SEED)
+    pool = open_pool(base, device, pc.PADDED_VOCAB, {})
+    handle = pool.overlay_set.handle
+    with pool:
+        rounds = [{0: "tt_list", 1: "mts_lm_head"}, {0: "added_tokens"}, {0: "tt_standalone", 1: "tt_dict"}]
+        for n, wanted in enumerate(rounds):
+            for s in range(2):
+                if s in wanted:
+                    pool.load(s, str(cases[(wanted[s], tied)].adapter_dir))
+                else:
+                    pool.unload(s)
+            slots = {s: cases[(k, tied)] for s, k in wanted.items()}
+            rows = [Row(s, slots.get(s), make_prompt(slots.get(s), g)) for s in (0, -1, 1, 0)]
+            run_batch(rows, tied, device, pool, pc.PADDED_VOCAB, f"swap round {n} {'tied' if tied else 'untied'}")
+        assert pool.overlay_set.handle == handle, "a load replaced the pool's set"
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["tt_list", "tt_dict", "mts_embed"])
 def test_gemma3_scale_and_softcap(kind, device, workdir):
     """Gemma 3 scales the gather inside its embedding module and softcaps the logits: the rows go

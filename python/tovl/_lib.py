@@ -104,6 +104,17 @@ class OverlayTablesC(Structure):
     ]
 
 
+class SetShapeC(Structure):
+    _fields_ = [
+        ("max_loras", c_uint32),
+        ("vocab", c_uint32),
+        ("hidden", c_uint32),
+        ("tied", c_bool),
+        ("embed_capacity", c_uint32),
+        ("lmhead_capacity", c_uint32),
+    ]
+
+
 class EmbedHookArgsC(Structure):
     _fields_ = [
         ("hidden", devptr),
@@ -199,6 +210,7 @@ STRUCTS: dict[str, type[Structure]] = {
     "tovl_overlay_desc": OverlayDescC,
     "tovl_embed_overlay_view": EmbedOverlayViewC,
     "tovl_overlay_tables": OverlayTablesC,
+    "tovl_set_shape": SetShapeC,
     "tovl_embed_hook_args": EmbedHookArgsC,
     "tovl_lmhead_hook_args": LmheadHookArgsC,
     "tovl_tensor": TensorC,
@@ -249,6 +261,12 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "tovl_token_overlay_set_max_n_override": (c_uint32, [P]),
     "tovl_token_overlay_set_max_loras": (c_uint32, [P]),
     "tovl_token_overlay_set_tables": (OverlayTablesC, [P]),
+    "tovl_token_overlay_set_create": (status, [P, POINTER(SetShapeC), POINTER(P)]),
+    "tovl_token_overlay_set_load": (status, [P, c_uint32, P, c_void_p]),
+    "tovl_token_overlay_set_unload": (status, [P, c_uint32, c_void_p]),
+    "tovl_token_overlay_set_collect": (status, [P, POINTER(c_uint32)]),
+    "tovl_token_overlay_set_is_fixed": (c_bool, [P]),
+    "tovl_token_overlay_set_slot": (P, [P, c_uint32]),
     "tovl_embed_hook": (status, [P, POINTER(OverlayKernelsC), POINTER(EmbedHookArgsC), c_void_p]),
     "tovl_lmhead_hook": (status, [P, POINTER(OverlayKernelsC), POINTER(LmheadHookArgsC), c_void_p]),
     "tovl_f32_to_bf16": (c_uint16, [c_float]),

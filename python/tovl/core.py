@@ -584,9 +584,25 @@ class OverlaySet(_Handle):
     `vocab_range=(start, end)` builds the set of one vocab shard under tensor parallelism
     (tovl_token_overlay_set_from_slots_shard): its lm_head op patches the rank's logits shard
     [T, >= end - start]; its embed op is the unsharded one.
-    The set holds its own reference to each overlay: the Overlay objects may be closed after."""
+    The set holds its own reference to each overlay: the Overlay objects may be closed after.
+
+    OverlaySet.with_shape makes a fixed-shape set instead (tovl_token_overlay_set_create):
+    every slot empty, then load/unload in place, ordered on a stream, for the set's whole life;
+    its handle, tables and launches never change, so a captured graph keeps serving it."""
 
     _what = "overlay set"
+
+    @classmethod
+    def with_shape(cls, backend: Backend, *, max_loras: int, vocab: int, hidden: int, tied: bool,
+                   embed_capacity: int, lmhead_capacity: int) -> "OverlaySet":
+        """A fixed-shape set: `max_loras` empty slots, each holding at most `embed_capacity`
+        embedding rows and `lmhead_capacity` lm_head cells of overlays of this vocab and hidden."""
+        shape = _lib.SetShapeC(max_loras, vocab, hidden, tied, embed_capacity, lmhead_capacity)
+        out = _out()
+        check(lib.tovl_token_overlay_set_create(backend.handle, ctypes.byref(shape), ctypes.byref(out)))
+        self = cls.__new__(cls)
+        self._finish(backend, int(out.value or 0), tied, sharded=False)
+        return self
 
     def __init__(self, backend: Backend, overlays: Sequence[Optional[Overlay]], *, tied: bool,
                  max_loras: Optional[int] = None, vocab_range: Optional[tuple[int, int]] = None) -> None:
@@ -607,21 +623,25 @@ class OverlaySet(_Handle):
             start, end = vocab_range
             check(lib.tovl_token_overlay_set_from_slots_shard(backend.handle, arr, n, tied, start, end,
                                                                ctypes.byref(out)))
+        self._finish(backend, int(out.value or 0), tied, sharded=vocab_range is not None)
+
+    def _finish(self, backend: Backend, handle: int, tied: bool, *, sharded: bool) -> None:
         self.backend = backend
         self.tied = tied
-        self._own(int(out.value or 0), lib.tovl_token_overlay_set_destroy, backend)
+        self._own(handle, lib.tovl_token_overlay_set_destroy, backend)
         h = self.handle
         self.max_loras: int = lib.tovl_token_overlay_set_max_loras(h)
         self.vocab: int = lib.tovl_token_overlay_set_vocab(h)
         self.hidden: int = lib.tovl_token_overlay_set_hidden(h)
         self.max_n_override: int = lib.tovl_token_overlay_set_max_n_override(h)
-        self.any_active: bool = bool(lib.tovl_token_overlay_set_any_active(h))
+        #: a fixed-shape set (with_shape): its slots load and unload in place
+        self.fixed: bool = bool(lib.tovl_token_overlay_set_is_fixed(h))
         start_c, end_c = ctypes.c_uint32(), ctypes.c_uint32()
         lib.tovl_token_overlay_set_shard_range(h, ctypes.byref(start_c), ctypes.byref(end_c))
         #: the vocab range [start, end) the lm_head op patches: [0, vocab) for an unsharded set
         self.shard_range: tuple[int, int] = (int(start_c.value), int(end_c.value))
         #: whether the set was built for one vocab shard (vocab_range)
-        self.sharded: bool = vocab_range is not None
+        self.sharded: bool = sharded
         # One argument struct per hook, reused by every call (the hooks copy it).
         self._embed_args = _lib.EmbedHookArgsC()
         self._embed_args_p = ctypes.pointer(self._embed_args)
@@ -634,8 +654,34 @@ class OverlaySet(_Handle):
 
     def __repr__(self) -> str:
         shard = f", shard_range={self.shard_range}" if self.sharded else ""
-        return (f"tovl.OverlaySet(max_loras={self.max_loras}, vocab={self.vocab}, hidden={self.hidden}{shard}, "
-                f"backend={self.backend.name}, active={self.any_active})")
+        fixed = f", fixed, lm_head capacity {self.max_n_override}" if self.fixed else ""
+        return (f"tovl.OverlaySet(max_loras={self.max_loras}, vocab={self.vocab}, hidden={self.hidden}{shard}"
+                f"{fixed}, backend={self.backend.name}, active={self.any_active})")
+
+    @property
+    def any_active(self) -> bool:
+        """Whether any slot holds an overlay (a fixed-shape set's hooks launch either way)."""
+        return bool(lib.tovl_token_overlay_set_any_active(self.handle))
+
+    # Slots of a fixed-shape set (`stream`: a raw CUstream / hipStream_t / VkCommandBuffer, None:
+    # the backend's own).
+    def load(self, slot: int, overlay: Overlay, stream: Optional[int] = None) -> None:
+        """tovl_token_overlay_set_load: `overlay` into `slot`, ordered on `stream`; the set keeps
+        its own reference, and releases the replaced overlay once the stream has passed the swap."""
+        if overlay.backend is not self.backend:
+            raise invalid(f"OverlaySet.load: the overlay was built on another backend ({overlay.backend.name}, "
+                          f"{overlay.backend.device})")
+        check(lib.tovl_token_overlay_set_load(self.handle, slot, overlay.handle, stream))
+
+    def unload(self, slot: int, stream: Optional[int] = None) -> None:
+        """tovl_token_overlay_set_unload: empty `slot`, ordered on `stream`."""
+        check(lib.tovl_token_overlay_set_unload(self.handle, slot, stream))
+
+    def collect(self) -> int:
+        """Release the replaced overlays the device has passed; how many are still held."""
+        pending = ctypes.c_uint32()
+        check(lib.tovl_token_overlay_set_collect(self.handle, ctypes.byref(pending)))
+        return int(pending.value)
 
     @property
     def shard_width(self) -> int:

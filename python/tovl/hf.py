@@ -119,8 +119,11 @@ class Attachment:
         slots = self._slots
         if isinstance(slots, int) or slots is None:
             return -1 if slots is None else slots
+        # Under torch.compile the expansion is traced into the graph: a look-up in the cache would
+        # make the compiled code guard on the cache's contents and compile again once it fills.
+        compiling = torch.compiler.is_compiling()
         key = (batch, seq, device)
-        cached = self._expanded.get(key)
+        cached = None if compiling else self._expanded.get(key)
         if cached is not None:
             return cached
         n = slots.numel()
@@ -129,7 +132,8 @@ class Attachment:
                              f"(a batch expanded by generate must be a multiple of it)")
         per_row = slots.repeat_interleave(batch // n)          # generate repeats each row in place
         flat = per_row.repeat_interleave(seq).to(device)       # every position of row b: slot of row b
-        self._expanded[key] = flat
+        if not compiling:
+            self._expanded[key] = flat
         return flat
 
     # ---- hooks -----------------------------------------------------------------------

@@ -1,15 +1,21 @@
 """AdapterPool: one base model, `max_loras` adapter slots and their overlay set on one torch device.
 
-Loading or unloading a slot builds a new set and swaps it in; the old set is
-destroyed only once the work already enqueued with it has finished: on CUDA a
-torch.cuda.Event is recorded on the stream at the swap, and the set is freed
-on a later call (or at close) once that event has completed. A CUDA graph
-captured with a set keeps that set's table addresses: after a swap
-(`generation` changes) capture again.
+The pool serves through one fixed-shape set for its whole life (OverlaySet.with_shape): a load or
+an unload rewrites the slot's table entries in place, ordered on the device's current stream (or
+the `stream` given), and the replaced adapter's rows are freed once the stream has passed the swap.
+The set's handle, tables and launches never change, so a CUDA graph captured once with the pool's
+ops, or a model compiled with torch.compile, keeps serving whatever is loaded later.
+
+Each slot holds at most `capacity` embedding rows and `capacity` lm_head cells (the lm_head kernel's
+grid is sized by it at every call, so it costs time, not memory): the default fits PEFT's trainable
+tokens; an adapter with more rows (a `modules_to_save` of a large vocab) is refused with the number
+it needs. Under tensor parallelism (`tp`), a load builds the rank's new shard set and swaps it in
+(`generation` counts the swaps): a graph captured before must be captured again.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from dataclasses import dataclass
@@ -19,8 +25,14 @@ import torch
 
 from .core import (VOCAB_PAD_DEFAULT, Adapter, AdapterRows, Backend, Model, Overlay, OverlaySet, PathLike,
                    vocab_shard_range)
-from .errors import invalid, shape
+from .errors import TovlError, invalid, shape
 from .ops import SlotsArg, backend_name_for, embed_overlay_, lmhead_overlay_
+
+
+#: A slot's default capacity: PEFT's trainable tokens are tens to a few hundred rows.
+DEFAULT_CAPACITY = 256
+_STATUS_CAPACITY = 105  # TOVL_ERR_CAPACITY
+_CU_STREAM_LEGACY = 1   # torch's default stream, as the CUDA backend reads it
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,8 @@ class _State:
     def __init__(self, backend: Backend, model: Model) -> None:
         self.backend = backend
         self.model = model
+        #: waits for the device's work before the set goes (None on the CPU, where it is done)
+        self.device_sync: Optional[Any] = None
         self.overlays: list[Optional[Overlay]] = []
         self.set: Optional[OverlaySet] = None
         self.retired: list[tuple[OverlaySet, Optional[Any]]] = []
@@ -60,6 +74,8 @@ class _State:
 
     def close(self) -> None:
         self.reap(wait=True)
+        if self.set is not None and self.set.fixed and self.device_sync is not None:
+            self.device_sync()  # the set's tables and overlays may still be read by enqueued work
         if self.set is not None:
             self.set.close()
             self.set = None
@@ -86,11 +102,13 @@ class AdapterPool:
 
     `tp=(rank, world_size)` (e.g. tp_from_distributed()) serves one rank of a tensor-parallel
     model with vLLM's vocab split (padded to a multiple of `tp_pad`): lmhead_ patches the rank's
-    logits shard [T, >= shard width]; embed_ patches the whole rows after the all-reduce."""
+    logits shard [T, >= shard width]; embed_ patches the whole rows after the all-reduce.
+
+    `capacity`: the most embedding rows and lm_head cells one slot may hold (module docstring)."""
 
     def __init__(self, base_dir: PathLike, device: Union[torch.device, str] = "cpu", max_loras: int = 8,
                  padded_vocab: int = 0, *, tp: Optional[tuple[int, int]] = None,
-                 tp_pad: int = VOCAB_PAD_DEFAULT) -> None:
+                 tp_pad: int = VOCAB_PAD_DEFAULT, capacity: int = DEFAULT_CAPACITY) -> None:
         if max_loras < 1:
             raise invalid(f"AdapterPool: max_loras {max_loras} must be >= 1")
         if tp is not None and (len(tp) != 2 or not 0 <= tp[0] < tp[1]):
@@ -122,14 +140,39 @@ class AdapterPool:
         # A range of padding only holds no cell: no shard set, lmhead_ does nothing.
         self._has_lmhead_shard = start < model.info.vocab
         self._state = _State(backend, model)
+        if device.type == "cuda":
+            self._state.device_sync = functools.partial(torch.cuda.synchronize, device)
         self._finalizer = weakref.finalize(self, self._state.close)
         self._state.overlays = [None] * max_loras
         self._slots: list[Optional[SlotInfo]] = [None] * max_loras
         #: increases at every swap of the overlay set (graphs captured before must be captured again)
         self.generation = 0
-        self._state.set = self._build_set(self._state.overlays)
+        if capacity < 1:
+            raise invalid(f"AdapterPool: capacity {capacity} must be >= 1")
+        #: the most embedding rows and lm_head cells one slot holds (a fixed-shape set's capacity)
+        self.capacity = capacity
+        #: whether the pool serves one fixed-shape set (always, except under tensor parallelism)
+        self.fixed = self.tp[1] == 1
+        try:
+            self._state.set = (OverlaySet.with_shape(backend, max_loras=max_loras, vocab=model.info.vocab,
+                                                     hidden=model.info.hidden, tied=model.info.tied,
+                                                     embed_capacity=capacity, lmhead_capacity=capacity)
+                               if self.fixed else self._build_set(self._state.overlays))
+        except BaseException:
+            self._finalizer()
+            raise
 
     # -- the set --------------------------------------------------------------
+    def _raw_stream(self, stream: Optional[Any]) -> Optional[int]:
+        """The C stream argument for a load: the given torch stream, else the device's current one
+        (torch's default stream is the legacy NULL stream: CU_STREAM_LEGACY for the CUDA backend)."""
+        if self.device.type != "cuda":
+            return None
+        raw = int((stream if stream is not None else torch.cuda.current_stream(self.device)).cuda_stream)
+        if raw == 0:
+            return _CU_STREAM_LEGACY if self.backend.name == "cuda" else None
+        return raw
+
     def _build_set(self, overlays: list[Optional[Overlay]]) -> OverlaySet:
         # The one place a set is built: the rank's shard set under tensor parallelism
         # (its embed op is the unsharded one), else (and on a padding-only rank) the full set.
@@ -140,6 +183,15 @@ class AdapterPool:
     def _swap(self, slot: int, overlay: Optional[Overlay], info: Optional[SlotInfo],
               stream: Optional[Any]) -> None:
         st = self._state
+        if self.fixed:
+            s = self.overlay_set
+            if overlay is None:
+                s.unload(slot, self._raw_stream(stream))
+            else:
+                s.load(slot, overlay, self._raw_stream(stream))
+                overlay.close()  # the set holds its own reference
+            self._slots[slot] = info
+            return
         overlays = list(st.overlays)
         overlays[slot] = overlay
         new_set = self._build_set(overlays)
@@ -188,6 +240,12 @@ class AdapterPool:
                             tuple(rows.warnings))
         try:
             self._swap(slot, overlay, info, stream)
+        except TovlError as e:
+            overlay.close()
+            if e.status == _STATUS_CAPACITY:
+                rows = max(len(info.embed_ids), len(info.lmhead_ids))
+                raise type(e)(e.status, f"{e.detail}; AdapterPool(..., capacity={rows}) or more serves it") from None
+            raise
         except BaseException:
             overlay.close()
             raise
@@ -204,7 +262,11 @@ class AdapterPool:
         return list(self._slots)
 
     def reap(self) -> None:
-        """Free the replaced sets whose work has finished (also done by load, unload and close)."""
+        """Free the replaced adapters (or, under tensor parallelism, sets) whose work has finished;
+        load, unload and close do it too."""
+        s = self._state.set
+        if s is not None and s.fixed:
+            s.collect()
         self._state.reap(wait=False)
 
     # -- forward ----------------------------------------------------------------
