@@ -94,6 +94,9 @@ Test(cli_errors, unknown_options_are_named) {
     expect_usage_error("bench extra", "unexpected argument 'extra'");
     expect_usage_error("bench --cuda-image /nonexistent/kernels.cubin", "'/nonexistent/kernels.cubin'");
     expect_usage_error("bench --backend vulkan --cuda-image /dev/null", "not 'vulkan'");
+    expect_usage_error("bench --capacity 32", "--capacity 32 is below the 64 rows");
+    expect_usage_error("bench --capacity 64,x", "'x' is not a capacity");
+    expect_usage_error("bench --rows 0", "--rows '0'");
     expect_usage_error("inspect " ADAPTER " extra", "unexpected argument 'extra'");
     expect_usage_error("run --base " BASE " --batch " BATCH " --out /dev/null extra", "unexpected argument 'extra'");
     expect_usage_error("conform --verbose=1", "option '--verbose' takes no value");
@@ -227,4 +230,14 @@ Test(cli_serve_demo, serves_every_slot) {
         cr_expect_eq(unlink(path), 0, "%s was not written", path);
     }
     rmdir(dir);
+}
+
+/* --capacity: fixed-shape sets checked against the from_slots set and timed beside it. */
+Test(cli_bench, capacity_sets_are_checked_and_timed, .timeout = 300) {
+    const cli_result *r = cli("bench --backend cpu --quick --hooks-only --tokens 3 --rows 4 --capacity 4,16%s%s",
+                              "", "");
+    cr_assert_eq(r->rc, 0, "exit %d: %s", r->rc, r->err);
+    cr_expect(strstr(r->out, "outputs identical to the from_slots set's (2 checks)"), "%s", r->out);
+    cr_expect(strstr(r->out, "load into a slot (cap 16)"), "%s", r->out);
+    cr_expect(strstr(r->out, "T=3 8x4 cap 16"), "%s", r->out);
 }

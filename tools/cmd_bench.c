@@ -25,6 +25,14 @@
  * for bit (bf16 and f32 logits), then each rank's lm_head kernel is timed on
  * its own logits shard [T, shard width], beside the unsharded one.
  *
+ * --capacity C[,C...] (issue 40): also fixed-shape sets of those lm_head and
+ * embed capacities holding the same overlays (--rows a slot, default 64). At
+ * each batch size their outputs are checked against the from_slots set's bit
+ * for bit, then their hooks are timed beside it (the lm_head grid is the
+ * capacity's, whatever is loaded); and one load into a slot, host time per
+ * call and stream time per load of back-to-back loads (its device part is at
+ * most that).
+ *
  * The per-dispatch floor: an idle embed launch (T = 1, its slot -1, so the
  * kernel reads one word and returns) on every backend, and, where a backend
  * offers them (Vulkan), the dispatch_floor_* probes: an empty kernel recorded
@@ -43,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "conform.h"
@@ -54,6 +63,8 @@
 
 /* Batch sizes one run may time (--tokens). */
 #define BENCH_MAX_SIZES 8
+/* The most fixed-shape set capacities --capacity takes. */
+#define BENCH_MAX_CAPS 4
 /* The most ranks --tp takes. */
 #define BENCH_MAX_TP 16
 /* The largest T --tokens takes: logits of T x vocab f32 are 0.6 GB per 1024 rows. */
@@ -72,6 +83,8 @@ typedef struct bench_options {
     uint32_t tokens[BENCH_MAX_SIZES]; /* the hooks' batch sizes, in order */
     uint32_t n_tokens;
     uint32_t tp; /* > 1: also the lm_head as this many vocab shards */
+    uint32_t caps[BENCH_MAX_CAPS]; /* --capacity: fixed-shape sets of these capacities */
+    uint32_t n_caps;
     bool hooks_only; /* --hooks-only: no copy bandwidth, no rowdiff */
 } bench_options;
 
@@ -82,7 +95,16 @@ typedef struct bench_row {
     double macs;  /* multiply-adds per launch (lm_head), else 0 */
     uint32_t T;   /* the hooks' batch size, 0 for rowdiff */
     int32_t rank; /* a shard's rank under --tp, -1 for the unsharded set */
+    uint32_t capacity; /* a fixed-shape set's capacity (--capacity), 0 for the from_slots set */
 } bench_row;
+
+/* --capacity: one load's cost, per capacity. */
+typedef struct bench_load {
+    uint32_t capacity;
+    double host_us;   /* median wall time of one load call */
+    double stream_us; /* wall time of back-to-back loads until the stream is idle, per load */
+    uint32_t loads;
+} bench_load;
 
 typedef struct bench_run {
     const bench_options *opt;
@@ -92,7 +114,9 @@ typedef struct bench_run {
     tovl_overlay_kernels k;
     uint64_t rng;
     /* rowdiff, the floor, then per size the 3 hooks and 2 per shard */
-    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 2 * BENCH_MAX_TP) * BENCH_MAX_SIZES];
+    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 2 * BENCH_MAX_TP + 3 * BENCH_MAX_CAPS) * BENCH_MAX_SIZES];
+    uint32_t cap_checked; /* --capacity: batch sizes x capacities whose outputs matched from_slots */
+    bench_load loads[BENCH_MAX_CAPS];
     size_t n_rows;
     double copy_gbps; /* 0: the backend cannot measure it */
     const char *pdl;  /* the backend's programmatic_dependent_launch property, or NULL */
@@ -111,7 +135,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tovl bench [--backend NAME] [--seed N] [--json FILE] [--batch N] [--repeats N]\n"
             "                  [--tokens T[,T...]] [--tp N] [--dump FILE] [--quick] [--hooks-only]\n"
-            "                  [--cuda-image FILE]\n\n"
+            "                  [--cuda-image FILE] [--capacity C[,C...]] [--rows R]\n\n"
             "Times rowdiff (152064 x 4096 bf16) and the embed and lm_head hooks (T = 512 and 64,\n"
             "h = 4096, 8 slots x 64 rows) on a backend (default: auto) with its own clock (the\n"
             "device's clock; the wall clock on cpu, whose samples hold at most 0.25 s of launches):\n"
@@ -125,8 +149,11 @@ static void usage(FILE *f) {
             "slots and the cells tovl computed) for a peer to run the same work. --quick: small\n"
             "sizes, for a smoke run. --hooks-only: the floor and the hooks only (no copy bandwidth,\n"
             "no rowdiff). --cuda-image FILE: the CUDA backend on the kernels of FILE (cubin, fatbin\n"
-            "or PTX) instead of its own, e.g. another port's source compiled for NVIDIA.\n",
-            BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP);
+            "or PTX) instead of its own, e.g. another port's source compiled for NVIDIA.\n"
+            "--capacity C[,C...] (up to %d): also fixed-shape sets of those slot capacities holding the\n"
+            "same overlays, checked bit for bit against the from_slots set and timed beside it, and\n"
+            "the time of one load. --rows R: overlay rows a slot (64).\n",
+            BENCH_MAX_SIZES, BENCH_MAX_T, BENCH_MAX_TP, BENCH_MAX_CAPS);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -566,9 +593,117 @@ static int write_dump(bench_run *run, const char *path) {
     return 0;
 }
 
+/* --capacity: `fixed`'s three outputs (embed rows, bf16 and f32 logits) over
+ * the batch equal the from_slots set's, bit for bit. */
+static tovl_status check_fixed(bench_run *run, const tovl_token_overlay_set *set, const tovl_token_overlay_set *fixed,
+                               uint32_t T, const tovl_devptr in[4]) {
+    const bench_options *o = run->opt;
+    const size_t embed_bytes = (size_t)T * o->h * 2, logits_bytes = (size_t)T * o->vocab * 4;
+    uint8_t *got = malloc(embed_bytes + logits_bytes), *want = malloc(embed_bytes + logits_bytes);
+    tovl_devptr rows = 0;
+    tovl_status st = got && want ? tovl_alloc(run->be, embed_bytes, &rows)
+                                 : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: host memory");
+    for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+        for (int which = 0; which < 2 && st == TOVL_OK; which++) {
+            const tovl_token_overlay_set *s = which ? fixed : set;
+            uint8_t *out = which ? got : want;
+            st = tovl_download(run->be, out, in[2], embed_bytes); /* the gathered rows, as the hook finds them */
+            if (st == TOVL_OK) st = tovl_upload(run->be, rows, out, embed_bytes);
+            tovl_embed_hook_args e = {rows, in[0], in[1], -1, T, o->h};
+            if (st == TOVL_OK) st = tovl_embed_hook(s, &run->k, &e, NULL);
+            if (st == TOVL_OK) st = tovl_synchronize(run->be, NULL);
+            if (st == TOVL_OK) st = tovl_download(run->be, out, rows, embed_bytes);
+            if (st == TOVL_OK) st = hook_logits(run, s, T, o->vocab, f32, in[3], in[1], out + embed_bytes);
+        }
+        const size_t bytes = embed_bytes + (size_t)T * o->vocab * (f32 ? 4 : 2);
+        if (st == TOVL_OK && memcmp(got, want, bytes) != 0) {
+            size_t i = 0;
+            while (got[i] == want[i]) {
+                i++;
+            }
+            st = tovl_error(TOVL_ERR_INTERNAL,
+                            "bench: T = %u: the fixed-shape set of capacity %u differs from the from_slots set at "
+                            "%s byte %zu (%s logits)",
+                            T, tovl_token_overlay_set_max_n_override(fixed), i < embed_bytes ? "embed" : "logits",
+                            i < embed_bytes ? i : i - embed_bytes, f32 ? "f32" : "bf16");
+        }
+    }
+    if (st == TOVL_OK) {
+        run->cap_checked++;
+    }
+    tovl_free(run->be, rows);
+    free(got);
+    free(want);
+    return st;
+}
+
+/* --capacity: the fixed-shape set's hooks over the batch, after the check. */
+static tovl_status bench_fixed_at(bench_run *run, const tovl_token_overlay_set *set,
+                                  const tovl_token_overlay_set *fixed, uint32_t T, uint32_t hits, uint32_t live,
+                                  const tovl_devptr in[4], tovl_devptr logits) {
+    const bench_options *o = run->opt;
+    tovl_status st = check_fixed(run, set, fixed, T, in);
+    const uint32_t cap = tovl_token_overlay_set_max_n_override(fixed);
+    const tovl_overlay_tables tab = tovl_token_overlay_set_tables(fixed);
+    char label[48];
+    snprintf(label, sizeof label, "T=%u %ux%u cap %u", T, o->slots, o->rows_per_slot, cap);
+    if (st == TOVL_OK) {
+        tovl_embed_overlay_args e = {in[2], in[0], in[1], tab.embed_slot_map_table, tab.embed_rows_table,
+                                     tab.embed_n_table, T, o->h, o->vocab, o->slots, -1, 0};
+        st = time_one(run, TOVL_KERNEL_EMBED_OVERLAY, run->k.embed_overlay, label, (uint32_t[3]){T, 1, 1}, &e,
+                      sizeof e, 4.0 * hits * (double)o->h, 0.0, T, -1);
+        run->rows[run->n_rows - 1].capacity = cap;
+    }
+    /* The bytes and products are the rows a slot holds, as for the from_slots set. */
+    const double n = o->rows_per_slot, lm_cells = (double)live * n,
+                 lm_in = 2.0 * (T + (double)o->slots * n) * (double)o->h;
+    for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+        tovl_lmhead_overlay_args l = {logits, in[3], in[1], tab.lmhead_rows_table, tab.lmhead_ids_table,
+                                      tab.n_override_table, o->vocab, T, o->h, o->vocab, o->slots, -1, cap};
+        st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
+                      f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label, (uint32_t[3]){T, cap, 1},
+                      &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)o->h, T, -1);
+        if (st == TOVL_OK) {
+            run->rows[run->n_rows - 1].capacity = cap;
+        }
+    }
+    return st;
+}
+
+static double wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* --capacity: one load, slot 0 alternating between two overlays on the
+ * backend's own stream: the median host time of a call, and back-to-back
+ * loads' wall time until the stream is idle, per load. */
+static tovl_status time_loads(bench_run *run, tovl_token_overlay_set *fixed, tovl_embed_overlay *const *overlays,
+                              bench_load *out) {
+    enum { LOADS = 200 };
+    double host[LOADS];
+    tovl_status st = tovl_synchronize(run->be, NULL);
+    const double start = wall_us();
+    for (uint32_t i = 0; i < LOADS && st == TOVL_OK; i++) {
+        const double t0 = wall_us();
+        st = tovl_token_overlay_set_load(fixed, 0, overlays[i % 2 ? 0 : 1], NULL);
+        host[i] = wall_us() - t0;
+    }
+    if (st == TOVL_OK) st = tovl_synchronize(run->be, NULL);
+    const double total = wall_us() - start;
+    if (st == TOVL_OK) st = tovl_token_overlay_set_load(fixed, 0, overlays[0], NULL); /* as it was */
+    if (st == TOVL_OK) st = tovl_token_overlay_set_collect(fixed, NULL);
+    if (st == TOVL_OK) {
+        *out = (bench_load){tovl_token_overlay_set_max_n_override(fixed), tovl_median(host, LOADS), total / LOADS,
+                            LOADS};
+    }
+    return st;
+}
+
 /* Both hooks' kernels over one batch of T rows. */
 static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, tovl_token_overlay_set *const *shards,
-                                  const uint32_t *embed_ids, uint32_t T) {
+                                  tovl_token_overlay_set *const *fixed, const uint32_t *embed_ids, uint32_t T) {
     const bench_options *o = run->opt;
     const size_t h = o->h, ld = o->vocab;
     uint32_t *ids = malloc(T * sizeof *ids);
@@ -613,6 +748,10 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, t
     }
     if (st == TOVL_OK && o->tp > 1) {
         st = bench_shards_at(run, set, shards, T, live, final_hidden, d_slots);
+    }
+    for (uint32_t c = 0; c < o->n_caps && st == TOVL_OK; c++) {
+        st = bench_fixed_at(run, set, fixed[c], T, hits, live, (tovl_devptr[4]){d_ids, d_slots, hidden, final_hidden},
+                            logits);
     }
     if (st == TOVL_OK && run->opt->dump) {
         char name[32];
@@ -678,10 +817,24 @@ static tovl_status bench_hooks(bench_run *run) {
             st = tovl_token_overlay_set_from_slots_shard(run->be, slots, o->slots, false, start, end, &shards[r]);
         }
     }
+    tovl_token_overlay_set *fixed[BENCH_MAX_CAPS] = {NULL};
+    for (uint32_t c = 0; st == TOVL_OK && c < o->n_caps; c++) {
+        const tovl_set_shape shape = {o->slots, o->vocab, o->h, false, o->caps[c], o->caps[c]};
+        st = tovl_token_overlay_set_create(run->be, &shape, &fixed[c]);
+        for (uint32_t s = 0; st == TOVL_OK && s < o->slots; s++) {
+            st = tovl_token_overlay_set_load(fixed[c], s, slots[s], NULL);
+        }
+    }
     if (st == TOVL_OK) st = bench_floor(run, set);
     if (st == TOVL_OK) st = dump_set(run, set);
     for (uint32_t i = 0; i < o->n_tokens && st == TOVL_OK; i++) {
-        st = bench_hooks_at(run, set, shards, embed_ids, o->tokens[i]);
+        st = bench_hooks_at(run, set, shards, fixed, embed_ids, o->tokens[i]);
+    }
+    for (uint32_t c = 0; st == TOVL_OK && c < o->n_caps && o->slots > 1; c++) {
+        st = time_loads(run, fixed[c], slots, &run->loads[c]);
+    }
+    for (uint32_t c = 0; c < BENCH_MAX_CAPS; c++) {
+        tovl_token_overlay_set_destroy(fixed[c]);
     }
     for (uint32_t r = 0; r < BENCH_MAX_TP; r++) {
         tovl_token_overlay_set_destroy(shards[r]);
@@ -733,6 +886,41 @@ static void print_tp_summary(const bench_run *run) {
     }
 }
 
+/* --capacity: each fixed-shape set's graph time over the from_slots set's, per
+ * batch size and hook, and the cost of one load. */
+static void print_fixed_summary(const bench_run *run) {
+    if (run->opt->n_caps == 0) {
+        return;
+    }
+    printf("\n--capacity: fixed-shape sets holding %u x %u rows, outputs identical to the from_slots set's (%u "
+           "checks)\n",
+           run->opt->slots, run->opt->rows_per_slot, run->cap_checked);
+    printf("%-22s %6s %12s %8s %12s %8s\n", "kernel", "T", "from_slots", "cap", "fixed us", "ratio");
+    for (size_t i = 0; i < run->n_rows; i++) {
+        const bench_row *f = &run->rows[i];
+        if (f->capacity == 0) {
+            continue;
+        }
+        for (size_t j = 0; j < run->n_rows; j++) {
+            const bench_row *u = &run->rows[j];
+            if (u->capacity == 0 && u->rank < 0 && u->T == f->T && strcmp(u->kernel, f->kernel) == 0 &&
+                strstr(u->label, "idle") == NULL) {
+                printf("%-22s %6u %12.2f %8u %12.2f %7.3fx\n", f->kernel, f->T, u->timing.batched_us, f->capacity,
+                       f->timing.batched_us, f->timing.batched_us / u->timing.batched_us);
+                break;
+            }
+        }
+    }
+    for (uint32_t c = 0; c < run->opt->n_caps; c++) {
+        const bench_load *l = &run->loads[c];
+        if (l->loads) {
+            printf("load into a slot (cap %u): host %.2f us a call (median of %u), stream %.2f us a load back to "
+                   "back (an upper bound of its device part)\n",
+                   l->capacity, l->host_us, l->loads, l->stream_us);
+        }
+    }
+}
+
 static void print_table(const bench_run *run) {
     printf("\n%-20s %-24s %12s %10s %10s %8s %10s\n", "kernel", "case", "graph us", "single us", "GB/s", "of copy",
            "GMAC/s");
@@ -749,6 +937,7 @@ static void print_table(const bench_run *run) {
                r->timing.single_us, gbps_of(r), fraction, macs);
     }
     print_tp_summary(run);
+    print_fixed_summary(run);
     if (run->copy_gbps > 0) {
         printf("\ndevice copy bandwidth: %.1f GB/s (read + written)\n", run->copy_gbps);
     } else {
@@ -774,6 +963,17 @@ static int write_json(const bench_run *run, const char *path) {
         cJSON_AddNumberToObject(root, "tp", o->tp);
         cJSON_AddNumberToObject(root, "tp_checks_identical", run->tp_checked);
     }
+    if (o->n_caps > 0) {
+        cJSON_AddNumberToObject(root, "fixed_checks_identical", run->cap_checked);
+        cJSON *loads = cJSON_AddArrayToObject(root, "loads");
+        for (uint32_t c = 0; c < o->n_caps; c++) {
+            cJSON *l = cJSON_CreateObject();
+            cJSON_AddNumberToObject(l, "capacity", run->loads[c].capacity);
+            cJSON_AddNumberToObject(l, "host_us", run->loads[c].host_us);
+            cJSON_AddNumberToObject(l, "stream_us", run->loads[c].stream_us);
+            cJSON_AddItemToArray(loads, l);
+        }
+    }
     cJSON *results = cJSON_AddArrayToObject(root, "results");
     for (size_t i = 0; i < run->n_rows; i++) {
         const bench_row *r = &run->rows[i];
@@ -786,9 +986,10 @@ static int write_json(const bench_run *run, const char *path) {
         cJSON_AddNumberToObject(x, "gbps", gbps_of(r));
         cJSON_AddNumberToObject(x, "copy_fraction", run->copy_gbps > 0 ? gbps_of(r) / run->copy_gbps : 0.0);
         cJSON_AddNumberToObject(x, "macs", r->macs);
-        if (o->tp > 1 && r->T > 0) {
+        if ((o->tp > 1 || o->n_caps > 0) && r->T > 0) {
             cJSON_AddNumberToObject(x, "T", r->T);
-            cJSON_AddNumberToObject(x, "rank", r->rank); /* -1: the unsharded set */
+            cJSON_AddNumberToObject(x, "rank", r->rank);         /* -1: the unsharded set */
+            cJSON_AddNumberToObject(x, "capacity", r->capacity); /* 0: the from_slots set */
         }
         cJSON_AddItemToArray(results, x);
     }
@@ -816,24 +1017,25 @@ static bool parse_u32(const char *text, uint32_t *out) {
     return true;
 }
 
-/* --tokens: comma-separated batch sizes; false (with the message printed)
- * when one is not a whole number in 1 .. BENCH_MAX_T or there are too many. */
-static bool parse_tokens(const char *text, bench_options *o) {
-    o->n_tokens = 0;
+/* A comma-separated list of whole numbers in 1 .. limit, at most max_count
+ * of them (--tokens, --capacity); false, with the message printed, else. */
+static bool parse_list(const char *option, const char *what, const char *text, uint32_t limit, uint32_t max_count,
+                       uint32_t *out, uint32_t *n) {
+    *n = 0;
     const char *p = text;
     for (;;) {
         char *end;
         const unsigned long long v = strtoull(p, &end, 10);
-        if (end == p || *p == '-' || *p == '+' || v == 0 || v > BENCH_MAX_T || (*end && *end != ',')) {
-            fprintf(stderr, "tovl bench: --tokens '%s': '%.*s' is not a batch size in 1 .. %u\n", text,
-                    (int)strcspn(p, ","), p, BENCH_MAX_T);
+        if (end == p || *p == '-' || *p == '+' || v == 0 || v > limit || (*end && *end != ',')) {
+            fprintf(stderr, "tovl bench: %s '%s': '%.*s' is not a %s in 1 .. %u\n", option, text,
+                    (int)strcspn(p, ","), p, what, limit);
             return false;
         }
-        if (o->n_tokens == BENCH_MAX_SIZES) {
-            fprintf(stderr, "tovl bench: --tokens '%s': more than %d sizes\n", text, BENCH_MAX_SIZES);
+        if (*n == max_count) {
+            fprintf(stderr, "tovl bench: %s '%s': more than %u values\n", option, text, max_count);
             return false;
         }
-        o->tokens[o->n_tokens++] = (uint32_t)v;
+        out[(*n)++] = (uint32_t)v;
         if (!*end) {
             return true;
         }
@@ -858,6 +1060,8 @@ static int parse_options(int argc, char **argv, bench_options *o) {
                                          {"repeats", required_argument, NULL, 'r'},
                                          {"tp", required_argument, NULL, 'p'},
                                          {"cuda-image", required_argument, NULL, 'i'},
+                                         {"capacity", required_argument, NULL, 'c'},
+                                         {"rows", required_argument, NULL, 'w'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -874,10 +1078,19 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->repeats = 3;
             o->rowdiff_rows = 2048;
         } else if (c == 't') {
-            if (!parse_tokens(value, o)) {
+            if (!parse_list("--tokens", "batch size", value, BENCH_MAX_T, BENCH_MAX_SIZES, o->tokens, &o->n_tokens)) {
                 return 2;
             }
             tokens_given = true;
+        } else if (c == 'c') {
+            if (!parse_list("--capacity", "capacity", value, 65535, BENCH_MAX_CAPS, o->caps, &o->n_caps)) {
+                return 2;
+            }
+        } else if (c == 'w') {
+            if (!parse_u32(value, &o->rows_per_slot) || o->rows_per_slot > 4096) {
+                fprintf(stderr, "tovl bench: --rows '%s' is not a row count in 1 .. 4096\n", value);
+                return 2;
+            }
         } else if (c == 'k') {
             o->backend = value;
         } else if (c == 'j') {
@@ -910,6 +1123,13 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     }
     if (tovl_cli_no_operands("tovl bench", argc, argv, usage)) {
         return 2;
+    }
+    for (uint32_t i = 0; i < o->n_caps; i++) {
+        if (o->caps[i] < o->rows_per_slot) {
+            fprintf(stderr, "tovl bench: --capacity %u is below the %u rows a slot holds (--rows)\n", o->caps[i],
+                    o->rows_per_slot);
+            return 2;
+        }
     }
     if (quick && !tokens_given) {
         o->tokens[0] = 64;
