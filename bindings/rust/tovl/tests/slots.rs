@@ -285,48 +285,22 @@ fn refusals_name_the_value_and_keep_the_slot() {
     drop(good);
     assert_eq!(set.slot(0).map(|o| o.view()), Some(view));
 
-    let cases = [
-        (
-            overlay(&be, &mut r, (300, 32), 5, None, false),
-            0,
-            Status::Capacity,
-            &["5 embedding rows", "at most 4", "embed_capacity"][..],
-        ),
-        (
-            overlay(&be, &mut r, (300, 32), 2, Some(7), false),
-            0,
-            Status::Capacity,
-            &["7 lm_head cells", "at most 6", "lmhead_capacity"][..],
-        ),
-        (
-            overlay(&be, &mut r, (301, 32), 2, None, false),
-            0,
-            Status::VocabMismatch,
-            &["vocab 301", "vocab 300"][..],
-        ),
-        (
-            overlay(&be, &mut r, (300, 16), 2, None, false),
-            0,
-            Status::ShapeMismatch,
-            &["hidden size 16", "has 32"][..],
-        ),
-        (
-            overlay(&be, &mut r, (300, 32), 2, None, true),
-            0,
-            Status::InvalidArgument,
-            &["tied", "untied"][..],
-        ),
-        (
-            overlay(&be, &mut r, (300, 32), 2, None, false),
-            2,
-            Status::InvalidArgument,
-            &["slot 2", "max_loras 2"][..],
-        ),
+    // (vocab, hidden), embed rows, lm_head rows, tied, slot: the status and what the detail names.
+    type Refusal = ((u32, u32), u32, Option<u32>, bool, u32, Status, &'static [&'static str]);
+    #[rustfmt::skip]
+    let cases: [Refusal; 6] = [
+        ((300, 32), 5, None, false, 0, Status::Capacity, &["5 embedding rows", "at most 4", "embed_capacity"]),
+        ((300, 32), 2, Some(7), false, 0, Status::Capacity, &["7 lm_head cells", "at most 6", "lmhead_capacity"]),
+        ((301, 32), 2, None, false, 0, Status::VocabMismatch, &["vocab 301", "vocab 300"]),
+        ((300, 16), 2, None, false, 0, Status::ShapeMismatch, &["hidden size 16", "has 32"]),
+        ((300, 32), 2, None, true, 0, Status::InvalidArgument, &["tied", "untied"]),
+        ((300, 32), 2, None, false, 2, Status::InvalidArgument, &["slot 2", "max_loras 2"]),
     ];
-    for (ov, slot, status, names) in &cases {
-        let e = set.load(*slot, ov, Stream::BACKEND).expect_err("refused");
-        assert_eq!((e.status(), e.group()), (*status, ErrorGroup::Caller), "{e}");
-        for name in *names {
+    for (size, n, m, tied, slot, status, names) in cases {
+        let ov = overlay(&be, &mut r, size, n, m, tied);
+        let e = set.load(slot, &ov, Stream::BACKEND).expect_err("refused");
+        assert_eq!((e.status(), e.group()), (status, ErrorGroup::Caller), "{e}");
+        for name in names {
             assert!(e.detail().contains(name), "{:?} names {name:?}", e.detail());
         }
         assert_eq!(
