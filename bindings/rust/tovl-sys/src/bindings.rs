@@ -11,7 +11,7 @@ pub const TOVL_KERNEL_LMHEAD_OVERLAY_BF16: &[u8; 20usize] = b"lmhead_overlay_bf1
 pub const TOVL_KERNEL_LMHEAD_OVERLAY_F32: &[u8; 19usize] = b"lmhead_overlay_f32\0";
 pub const TOVL_VOCAB_PAD_DEFAULT: i32 = 64;
 pub const TOVL_DOT_LANES: i32 = 256;
-pub const TOVL_BACKEND_IFACE_VERSION: i32 = 1;
+pub const TOVL_BACKEND_IFACE_VERSION: i32 = 2;
 pub type __uint16_t = ::std::os::raw::c_ushort;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
@@ -25,6 +25,7 @@ pub const TOVL_ERR_DUPLICATE_ID: tovl_status = 101;
 pub const TOVL_ERR_ID_OUT_OF_RANGE: tovl_status = 102;
 pub const TOVL_ERR_SHAPE_MISMATCH: tovl_status = 103;
 pub const TOVL_ERR_VOCAB_MISMATCH: tovl_status = 104;
+pub const TOVL_ERR_CAPACITY: tovl_status = 105;
 pub const TOVL_ERR_BACKEND_UNAVAILABLE: tovl_status = 200;
 pub const TOVL_ERR_KERNEL_MISSING: tovl_status = 201;
 pub const TOVL_ERR_UNSUPPORTED: tovl_status = 202;
@@ -941,6 +942,152 @@ fn bindgen_test_layout_tovl_overlay_tables() {
 }
 extern "C" {
     pub fn tovl_token_overlay_set_tables(set: *const tovl_token_overlay_set) -> tovl_overlay_tables;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct tovl_set_shape {
+    pub max_loras: u32,
+    pub vocab: u32,
+    pub hidden: u32,
+    pub tied: bool,
+    pub embed_capacity: u32,
+    pub lmhead_capacity: u32,
+}
+#[test]
+fn bindgen_test_layout_tovl_set_shape() {
+    assert_eq!(
+        ::std::mem::size_of::<tovl_set_shape>(),
+        24usize,
+        concat!("Size of: ", stringify!(tovl_set_shape))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<tovl_set_shape>(),
+        4usize,
+        concat!("Alignment of ", stringify!(tovl_set_shape))
+    );
+    fn test_field_max_loras() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_loras) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_set_shape),
+                "::",
+                stringify!(max_loras)
+            )
+        );
+    }
+    test_field_max_loras();
+    fn test_field_vocab() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).vocab) as usize - ptr as usize
+            },
+            4usize,
+            concat!("Offset of field: ", stringify!(tovl_set_shape), "::", stringify!(vocab))
+        );
+    }
+    test_field_vocab();
+    fn test_field_hidden() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hidden) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_set_shape),
+                "::",
+                stringify!(hidden)
+            )
+        );
+    }
+    test_field_hidden();
+    fn test_field_tied() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tied) as usize - ptr as usize
+            },
+            12usize,
+            concat!("Offset of field: ", stringify!(tovl_set_shape), "::", stringify!(tied))
+        );
+    }
+    test_field_tied();
+    fn test_field_embed_capacity() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).embed_capacity) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_set_shape),
+                "::",
+                stringify!(embed_capacity)
+            )
+        );
+    }
+    test_field_embed_capacity();
+    fn test_field_lmhead_capacity() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_set_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lmhead_capacity) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_set_shape),
+                "::",
+                stringify!(lmhead_capacity)
+            )
+        );
+    }
+    test_field_lmhead_capacity();
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_create(
+        backend: *mut tovl_backend,
+        shape: *const tovl_set_shape,
+        out: *mut *mut tovl_token_overlay_set,
+    ) -> tovl_status;
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_load(
+        set: *mut tovl_token_overlay_set,
+        slot: u32,
+        overlay: *mut tovl_embed_overlay,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> tovl_status;
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_unload(
+        set: *mut tovl_token_overlay_set,
+        slot: u32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> tovl_status;
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_collect(set: *mut tovl_token_overlay_set, pending: *mut u32) -> tovl_status;
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_is_fixed(set: *const tovl_token_overlay_set) -> bool;
+}
+extern "C" {
+    pub fn tovl_token_overlay_set_slot(set: *mut tovl_token_overlay_set, slot: u32) -> *mut tovl_embed_overlay;
 }
 extern "C" {
     pub fn tovl_vocab_shard_range(
@@ -2750,6 +2897,78 @@ fn bindgen_test_layout_tovl_lmhead_overlay_args() {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct tovl_device_write {
+    pub dst: tovl_devptr,
+    pub src: *const ::std::os::raw::c_void,
+    pub bytes: usize,
+}
+#[test]
+fn bindgen_test_layout_tovl_device_write() {
+    assert_eq!(
+        ::std::mem::size_of::<tovl_device_write>(),
+        24usize,
+        concat!("Size of: ", stringify!(tovl_device_write))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<tovl_device_write>(),
+        8usize,
+        concat!("Alignment of ", stringify!(tovl_device_write))
+    );
+    fn test_field_dst() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_device_write>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).dst) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_device_write),
+                "::",
+                stringify!(dst)
+            )
+        );
+    }
+    test_field_dst();
+    fn test_field_src() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_device_write>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).src) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_device_write),
+                "::",
+                stringify!(src)
+            )
+        );
+    }
+    test_field_src();
+    fn test_field_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_device_write>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_device_write),
+                "::",
+                stringify!(bytes)
+            )
+        );
+    }
+    test_field_bytes();
+}
+pub type tovl_fence = u64;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct tovl_kernel_timing {
     pub batched_us: f64,
     pub single_us: f64,
@@ -2897,12 +3116,31 @@ pub struct tovl_backend_iface {
             gbps: *mut f64,
         ) -> tovl_status,
     >,
+    pub write_async: ::std::option::Option<
+        unsafe extern "C" fn(
+            ctx: *mut ::std::os::raw::c_void,
+            writes: *const tovl_device_write,
+            count: u32,
+            stream: *mut ::std::os::raw::c_void,
+        ) -> tovl_status,
+    >,
+    pub fence_record: ::std::option::Option<
+        unsafe extern "C" fn(
+            ctx: *mut ::std::os::raw::c_void,
+            stream: *mut ::std::os::raw::c_void,
+            out: *mut tovl_fence,
+        ) -> tovl_status,
+    >,
+    pub fence_query: ::std::option::Option<
+        unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, fence: tovl_fence, passed: *mut bool) -> tovl_status,
+    >,
+    pub fence_destroy: ::std::option::Option<unsafe extern "C" fn(ctx: *mut ::std::os::raw::c_void, fence: tovl_fence)>,
 }
 #[test]
 fn bindgen_test_layout_tovl_backend_iface() {
     assert_eq!(
         ::std::mem::size_of::<tovl_backend_iface>(),
-        120usize,
+        152usize,
         concat!("Size of: ", stringify!(tovl_backend_iface))
     );
     assert_eq!(
@@ -3165,6 +3403,74 @@ fn bindgen_test_layout_tovl_backend_iface() {
         );
     }
     test_field_copy_bandwidth();
+    fn test_field_write_async() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_backend_iface>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).write_async) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_backend_iface),
+                "::",
+                stringify!(write_async)
+            )
+        );
+    }
+    test_field_write_async();
+    fn test_field_fence_record() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_backend_iface>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).fence_record) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_backend_iface),
+                "::",
+                stringify!(fence_record)
+            )
+        );
+    }
+    test_field_fence_record();
+    fn test_field_fence_query() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_backend_iface>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).fence_query) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_backend_iface),
+                "::",
+                stringify!(fence_query)
+            )
+        );
+    }
+    test_field_fence_query();
+    fn test_field_fence_destroy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_backend_iface>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).fence_destroy) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_backend_iface),
+                "::",
+                stringify!(fence_destroy)
+            )
+        );
+    }
+    test_field_fence_destroy();
 }
 extern "C" {
     pub fn tovl_backend_create(

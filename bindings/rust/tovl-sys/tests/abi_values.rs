@@ -13,6 +13,7 @@ fn status_codes() {
         (TOVL_ERR_ID_OUT_OF_RANGE, 102),
         (TOVL_ERR_SHAPE_MISMATCH, 103),
         (TOVL_ERR_VOCAB_MISMATCH, 104),
+        (TOVL_ERR_CAPACITY, 105),
         (TOVL_ERR_BACKEND_UNAVAILABLE, 200),
         (TOVL_ERR_KERNEL_MISSING, 201),
         (TOVL_ERR_UNSUPPORTED, 202),
@@ -51,9 +52,53 @@ fn constants() {
     assert_eq!(TOVL_KERNEL_LMHEAD_OVERLAY_F32, b"lmhead_overlay_f32\0");
     assert_eq!(TOVL_DOT_LANES, 256);
     assert_eq!(TOVL_VOCAB_PAD_DEFAULT, 64);
-    assert_eq!(TOVL_BACKEND_IFACE_VERSION, 1);
+    assert_eq!(TOVL_BACKEND_IFACE_VERSION, 2);
     assert_eq!(std::mem::size_of::<tovl_devptr>(), 8);
     assert_eq!(std::mem::size_of::<tovl_kernel>(), 8);
+    assert_eq!(std::mem::size_of::<tovl_fence>(), 8);
+}
+
+/// The structs of the fixed-shape sets and of interface version 2 at the
+/// offsets the headers document, stated here by hand: the generated layout
+/// tests follow whatever clang saw, these fail when a header moves a field.
+#[test]
+fn fixed_shape_layouts() {
+    use std::mem::{align_of, offset_of, size_of};
+    assert_eq!((size_of::<tovl_set_shape>(), align_of::<tovl_set_shape>()), (24, 4));
+    assert_eq!(
+        [
+            offset_of!(tovl_set_shape, max_loras),
+            offset_of!(tovl_set_shape, vocab),
+            offset_of!(tovl_set_shape, hidden),
+            offset_of!(tovl_set_shape, tied),
+            offset_of!(tovl_set_shape, embed_capacity),
+            offset_of!(tovl_set_shape, lmhead_capacity),
+        ],
+        [0, 4, 8, 12, 16, 20]
+    );
+    assert_eq!(
+        (size_of::<tovl_device_write>(), align_of::<tovl_device_write>()),
+        (24, 8)
+    );
+    assert_eq!(
+        [
+            offset_of!(tovl_device_write, dst),
+            offset_of!(tovl_device_write, src),
+            offset_of!(tovl_device_write, bytes),
+        ],
+        [0, 8, 16]
+    );
+    // Version 2 appends four members to the version 1 table (120 bytes).
+    assert_eq!(size_of::<tovl_backend_iface>(), 152);
+    assert_eq!(
+        [
+            offset_of!(tovl_backend_iface, write_async),
+            offset_of!(tovl_backend_iface, fence_record),
+            offset_of!(tovl_backend_iface, fence_query),
+            offset_of!(tovl_backend_iface, fence_destroy),
+        ],
+        [120, 128, 136, 144]
+    );
 }
 
 #[test]

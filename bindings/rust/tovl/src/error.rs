@@ -19,6 +19,8 @@ pub enum Status {
     ShapeMismatch,
     /// Overlays built for different vocab sizes (`TOVL_ERR_VOCAB_MISMATCH`).
     VocabMismatch,
+    /// An overlay has more rows than a fixed-shape set's slot may hold (`TOVL_ERR_CAPACITY`).
+    Capacity,
     /// A backend's runtime or device is missing (`TOVL_ERR_BACKEND_UNAVAILABLE`).
     BackendUnavailable,
     /// A kernel the operation needs resolved to handle 0 (`TOVL_ERR_KERNEL_MISSING`).
@@ -65,6 +67,7 @@ impl Status {
             sys::TOVL_ERR_ID_OUT_OF_RANGE => Status::IdOutOfRange,
             sys::TOVL_ERR_SHAPE_MISMATCH => Status::ShapeMismatch,
             sys::TOVL_ERR_VOCAB_MISMATCH => Status::VocabMismatch,
+            sys::TOVL_ERR_CAPACITY => Status::Capacity,
             sys::TOVL_ERR_BACKEND_UNAVAILABLE => Status::BackendUnavailable,
             sys::TOVL_ERR_KERNEL_MISSING => Status::KernelMissing,
             sys::TOVL_ERR_UNSUPPORTED => Status::Unsupported,
@@ -86,6 +89,7 @@ impl Status {
             Status::IdOutOfRange => sys::TOVL_ERR_ID_OUT_OF_RANGE,
             Status::ShapeMismatch => sys::TOVL_ERR_SHAPE_MISMATCH,
             Status::VocabMismatch => sys::TOVL_ERR_VOCAB_MISMATCH,
+            Status::Capacity => sys::TOVL_ERR_CAPACITY,
             Status::BackendUnavailable => sys::TOVL_ERR_BACKEND_UNAVAILABLE,
             Status::KernelMissing => sys::TOVL_ERR_KERNEL_MISSING,
             Status::Unsupported => sys::TOVL_ERR_UNSUPPORTED,

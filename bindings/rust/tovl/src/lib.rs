@@ -22,12 +22,23 @@
 //! # Ok(()) }
 //! ```
 //!
+//! An engine that captures its forward pass once (CUDA/HIP graphs, a Vulkan
+//! command buffer recorded once) serves through a fixed-shape set instead:
+//! [`TokenOverlaySet::with_shape`] makes one from a [`SetShape`] (slots,
+//! vocab, hidden, tied, and how many rows a slot may hold), and
+//! [`TokenOverlaySet::load`] / [`TokenOverlaySet::unload`] change a slot in
+//! place, ordered on a stream, with no capture again.
+//!
 //! Everything is the C library underneath (include/tovl/tovl.h; the raw FFI
 //! is the `tovl-sys` crate, re-exported as [`sys`]). Names: `GpuBackend` =
 //! `tovl_backend`, `KernelHandle` = `tovl_kernel`, `OverlayKernels` =
 //! `tovl_overlay_kernels`, `EmbedOverlay` = `tovl_embed_overlay`,
 //! `TokenOverlaySet` = `tovl_token_overlay_set`, `from_slots` =
-//! `tovl_token_overlay_set_from_slots`, `try_kernel` = `tovl_try_kernel`.
+//! `tovl_token_overlay_set_from_slots`, `try_kernel` = `tovl_try_kernel`;
+//! `SetShape` = `tovl_set_shape`, `with_shape` =
+//! `tovl_token_overlay_set_create`, `load` / `unload` / `collect` /
+//! `is_fixed` / `slot` = `tovl_token_overlay_set_load` / `_unload` /
+//! `_collect` / `_is_fixed` / `_slot`.
 //!
 //! Threads follow the C library's rule: a backend and the objects built on it
 //! are used from one thread at a time. [`Backend`] is `Send`, not `Sync`;
@@ -61,7 +72,7 @@ pub use import::{
     Adapter, AdapterInfo, AdapterRows, AdapterSource, Model, ModelInfo, Module, SafeTensors, SourceKind, Tensor,
 };
 pub use overlay::{build_overlay, rowdiff, EmbedOverlay, OverlayDesc, OverlayRows, OverlayView};
-pub use set::{vocab_shard_range, EmbedHookArgs, LmHeadHookArgs, LogitsDtype, Slots, TokenOverlaySet};
+pub use set::{vocab_shard_range, EmbedHookArgs, LmHeadHookArgs, LogitsDtype, SetShape, Slots, TokenOverlaySet};
 
 /// The raw FFI (the `tovl-sys` crate).
 pub use tovl_sys as sys;

@@ -109,13 +109,7 @@ pub struct EmbedOverlay<'b> {
 
 impl Clone for EmbedOverlay<'_> {
     fn clone(&self) -> Self {
-        // SAFETY: a live overlay; the new reference is released by its drop.
-        unsafe { sys::tovl_embed_overlay_retain(self.raw.as_ptr()) };
-        EmbedOverlay {
-            raw: self.raw,
-            backend: self.backend,
-            _backend: self._backend,
-        }
+        EmbedOverlay::retained(self.raw, self.backend)
     }
 }
 
@@ -165,6 +159,17 @@ impl<'b> EmbedOverlay<'b> {
             backend,
             _backend: BackendBound::default(),
         })
+    }
+
+    /// A new reference to a live overlay of `backend` (which outlives `'b`).
+    pub(crate) fn retained(raw: NonNull<sys::tovl_embed_overlay>, backend: *const Backend) -> Self {
+        // SAFETY: a live overlay; the new reference is released by the drop.
+        unsafe { sys::tovl_embed_overlay_retain(raw.as_ptr()) };
+        EmbedOverlay {
+            raw,
+            backend,
+            _backend: BackendBound::default(),
+        }
     }
 
     pub(crate) fn as_raw(&self) -> *mut sys::tovl_embed_overlay {

@@ -8,18 +8,68 @@ use crate::backend::{Backend, DevicePtr, GpuBackend, OverlayKernels, Stream};
 use crate::error::{check, Error, Result, Status};
 use crate::overlay::EmbedOverlay;
 
-/// The overlay tables for the whole adapter pool, built from the per-slot
-/// overlays; an engine keeps it only when some slot has an overlay
-/// ([`any_active`](TokenOverlaySet::any_active)). Destroyed on drop.
+/// The overlay tables for the whole adapter pool. Destroyed on drop.
+///
+/// Two kinds, one type:
+/// - [`from_slots`](TokenOverlaySet::from_slots) builds the tables from the
+///   per-slot overlays, once; the set is immutable, and an engine keeps it
+///   only when some slot has an overlay
+///   ([`any_active`](TokenOverlaySet::any_active)).
+/// - [`with_shape`](TokenOverlaySet::with_shape) makes a fixed-shape set
+///   whose slots [`load`](TokenOverlaySet::load) and
+///   [`unload`](TokenOverlaySet::unload) in place, ordered on a stream; its
+///   tables never move and its hooks make the same launch whatever is
+///   loaded, so a CUDA/HIP graph or a Vulkan command buffer recorded once
+///   with both hooks serves every adapter loaded later.
 ///
 /// The seeds' fields are methods here: the tables belong to the C set that
 /// the hooks read, so they are answered by it rather than copied into
 /// fields that could be changed without the hooks seeing it.
+///
+/// Threads: a set borrows its [`Backend`], which is not `Sync`, so a set is
+/// neither `Send` nor `Sync`: its loads, unloads, collects and hooks all run
+/// on the thread that holds the backend. (The C library also lets one thread
+/// load a fixed-shape set while another runs its hooks, docs/API.md; these
+/// types do not express that. An engine that needs it goes to the raw FFI
+/// through [`as_raw`](TokenOverlaySet::as_raw) under the C rules.)
+///
+/// ```compile_fail,E0277
+/// # use tovl::{Backend, SetShape, TokenOverlaySet};
+/// let be = Backend::open("cpu").unwrap();
+/// let shape = SetShape { max_loras: 2, vocab: 64, hidden: 8, tied: false, embed_capacity: 4, lmhead_capacity: 4 };
+/// let set = TokenOverlaySet::with_shape(&be, &shape).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| set.unload(0, tovl::Stream::BACKEND)); // a set is not `Sync`
+/// });
+/// ```
 #[derive(Debug)]
 pub struct TokenOverlaySet<'b> {
     raw: NonNull<sys::tovl_token_overlay_set>,
     overlays: Vec<Option<EmbedOverlay<'b>>>,
+    shape: Option<SetShape>,
     backend: &'b Backend,
+}
+
+/// The shape of a fixed-shape set ([`TokenOverlaySet::with_shape`],
+/// `tovl_set_shape`), kept for the set's whole life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SetShape {
+    /// Slots, > 0.
+    pub max_loras: u32,
+    /// The served (padded) vocab every loaded overlay must have, > 0.
+    pub vocab: u32,
+    /// The hidden size every loaded overlay must have, > 0.
+    pub hidden: u32,
+    /// The model ties its lm_head to its embedding; every loaded overlay must
+    /// have been built for the same rule.
+    pub tied: bool,
+    /// The most embedding rows one slot may hold.
+    pub embed_capacity: u32,
+    /// The most lm_head cells one slot may hold: its own lm_head rows, or in
+    /// a tied set its embedding rows when it has no lm_head part. The
+    /// lm_head hook's grid.y, so its cost at every call; a capacity costs no
+    /// memory (the tables point into the overlays).
+    pub lmhead_capacity: u32,
 }
 
 impl Drop for TokenOverlaySet<'_> {
@@ -134,8 +184,13 @@ impl<'b> TokenOverlaySet<'b> {
     ) -> Result<Self> {
         check(code)?;
         let raw =
-            NonNull::new(raw).ok_or_else(|| Error::new(Status::Internal, "from_slots returned success and NULL"))?;
-        Ok(TokenOverlaySet { raw, overlays, backend })
+            NonNull::new(raw).ok_or_else(|| Error::new(Status::Internal, "set creation returned success and NULL"))?;
+        Ok(TokenOverlaySet {
+            raw,
+            overlays,
+            shape: None,
+            backend,
+        })
     }
 
     /// Build the tables for `max_loras` slots; `overlays[s]` `None` is an empty
@@ -189,14 +244,111 @@ impl<'b> TokenOverlaySet<'b> {
         Self::from_out(code, raw, overlays, backend)
     }
 
-    /// True when at least one slot has an overlay.
+    /// A fixed-shape set with every slot empty (`tovl_token_overlay_set_create`):
+    /// its six tables (40 bytes a slot) are allocated here and never move;
+    /// the rows stay in the overlays it holds. Errors: `InvalidArgument`
+    /// naming a field of `shape` that is 0.
+    pub fn with_shape(gpu: &'b dyn GpuBackend, shape: &SetShape) -> Result<Self> {
+        let backend = gpu.backend();
+        let c = sys::tovl_set_shape {
+            max_loras: shape.max_loras,
+            vocab: shape.vocab,
+            hidden: shape.hidden,
+            tied: shape.tied,
+            embed_capacity: shape.embed_capacity,
+            lmhead_capacity: shape.lmhead_capacity,
+        };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a live backend, a valid shape and output.
+        let code = unsafe { sys::tovl_token_overlay_set_create(backend.as_raw(), &c, &mut raw) };
+        let mut set = Self::from_out(code, raw, Vec::new(), backend)?;
+        set.shape = Some(*shape);
+        Ok(set)
+    }
+
+    /// Load `overlay` into `slot` of a fixed-shape set, replacing what the
+    /// slot held, ordered on `stream`: work enqueued on it before the call
+    /// sees the old contents, work enqueued after the new, no launch a mix.
+    /// The host call does not wait for the device. The set holds its own
+    /// reference to `overlay` (the caller's may go at once) and releases the
+    /// replaced one once the device has passed the swap (see
+    /// [`collect`](Self::collect)). On CUDA and HIP, load between graph
+    /// replays, never while `stream` is being captured (refused).
+    ///
+    /// Takes `&self`: the C set's host state has its own lock and the hooks
+    /// read only what never changes, so a load may come between hooks that
+    /// borrow the same set.
+    ///
+    /// A refused load changes nothing; the error names the adapter, the
+    /// value and the limit: `InvalidArgument` (a `from_slots` set, `slot >=
+    /// max_loras`, another backend's overlay, an overlay built for the other
+    /// tied rule), `VocabMismatch` / `ShapeMismatch` (vocab or hidden other
+    /// than the shape's), `Capacity` (more embedding rows or lm_head cells
+    /// than the shape's capacity).
+    pub fn load(&self, slot: u32, overlay: &EmbedOverlay<'b>, stream: Stream) -> Result<()> {
+        // SAFETY: a live set and overlay; the set retains the overlay itself;
+        // `stream` is the backend's own or a live one (Stream::from_raw).
+        check(unsafe { sys::tovl_token_overlay_set_load(self.raw.as_ptr(), slot, overlay.as_raw(), stream.as_raw()) })
+    }
+
+    /// Empty `slot` of a fixed-shape set, ordered on `stream` as
+    /// [`load`](Self::load) (the same refusals for the set and the slot).
+    pub fn unload(&self, slot: u32, stream: Stream) -> Result<()> {
+        // SAFETY: as load.
+        check(unsafe { sys::tovl_token_overlay_set_unload(self.raw.as_ptr(), slot, stream.as_raw()) })
+    }
+
+    /// Release the replaced overlays the device has passed, and answer how
+    /// many are still held. Never waits; every load and unload does the same
+    /// first. 0 for a `from_slots` set.
+    pub fn collect(&self) -> Result<u32> {
+        let mut pending = 0;
+        // SAFETY: a live set and a valid output.
+        check(unsafe { sys::tovl_token_overlay_set_collect(self.raw.as_ptr(), &mut pending) })?;
+        Ok(pending)
+    }
+
+    /// True for a fixed-shape set ([`with_shape`](Self::with_shape)).
+    pub fn is_fixed(&self) -> bool {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_is_fixed(self.raw.as_ptr()) }
+    }
+
+    /// The shape a fixed-shape set was made with (`None` for a `from_slots` set).
+    pub fn shape(&self) -> Option<SetShape> {
+        self.shape
+    }
+
+    /// The overlay `slot` holds now: a reference of its own, valid past the
+    /// slot's next load or unload. `None` for an empty slot or one past
+    /// `max_loras`. For a `from_slots` set, the overlay it was built with.
+    pub fn slot(&self, slot: u32) -> Option<EmbedOverlay<'b>> {
+        if !self.is_fixed() {
+            return self.overlays.get(slot as usize).cloned().flatten();
+        }
+        // SAFETY: a live set; the borrowed overlay is retained before any
+        // other call on the set (a set stays on one thread).
+        let raw = unsafe { sys::tovl_token_overlay_set_slot(self.raw.as_ptr(), slot) };
+        NonNull::new(raw).map(|raw| EmbedOverlay::retained(raw, self.backend))
+    }
+
+    /// The C set, for the raw FFI ([`sys`](crate::sys)); it stays owned by
+    /// this value.
+    pub fn as_raw(&self) -> *mut sys::tovl_token_overlay_set {
+        self.raw.as_ptr()
+    }
+
+    /// True when at least one slot has an overlay. A fixed-shape set's hooks
+    /// launch whether or not it is (the launch never depends on what is loaded).
     pub fn any_active(&self) -> bool {
         // SAFETY: a live set.
         unsafe { sys::tovl_token_overlay_set_any_active(self.raw.as_ptr()) }
     }
 
-    /// The per-slot overlays, kept so the buffers the tables point into stay
-    /// allocated (the C set also holds a reference of its own).
+    /// The per-slot overlays of a `from_slots` set, kept so the buffers the
+    /// tables point into stay allocated (the C set also holds a reference of
+    /// its own). Empty for a fixed-shape set, whose slots change: see
+    /// [`slot`](Self::slot).
     pub fn overlays(&self) -> &[Option<EmbedOverlay<'b>>] {
         &self.overlays
     }
@@ -236,20 +388,22 @@ impl<'b> TokenOverlaySet<'b> {
         DevicePtr(self.tables().n_override_table)
     }
 
-    /// The slot_map length of every overlay (0 when there is none); the
-    /// kernels skip token ids >= vocab.
+    /// The slot_map length of every overlay (0 when there is none; a
+    /// fixed-shape set: its shape's); the kernels skip token ids >= vocab.
     pub fn vocab(&self) -> u32 {
         // SAFETY: a live set.
         unsafe { sys::tovl_token_overlay_set_vocab(self.raw.as_ptr()) }
     }
 
-    /// The hidden size of the present overlays (0 when none).
+    /// The hidden size of the present overlays (0 when none; a fixed-shape
+    /// set: its shape's).
     pub fn hidden(&self) -> u32 {
         // SAFETY: a live set.
         unsafe { sys::tovl_token_overlay_set_hidden(self.raw.as_ptr()) }
     }
 
-    /// The largest lm_head row count: the lm_head kernel's grid.y.
+    /// The lm_head kernel's grid.y: the largest lm_head row count of a
+    /// `from_slots` set, the lm_head capacity of a fixed-shape set.
     pub fn max_n_override(&self) -> u32 {
         // SAFETY: a live set.
         unsafe { sys::tovl_token_overlay_set_max_n_override(self.raw.as_ptr()) }

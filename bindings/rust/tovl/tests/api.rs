@@ -4,10 +4,10 @@
 mod common;
 
 use common::conform::Rng;
+use common::{desc, random_rows, Rows};
 use tovl::{
     build_overlay, rowdiff, Backend, DevicePtr, EmbedHookArgs, EmbedOverlay, ErrorGroup, GpuBackend, KernelHandle,
-    LmHeadHookArgs, LogitsDtype, Model, OverlayDesc, OverlayKernels, OverlayRows, Slots, Status, Stream,
-    TokenOverlaySet,
+    LmHeadHookArgs, LogitsDtype, Model, OverlayKernels, Slots, Status, Stream, TokenOverlaySet,
 };
 
 /// An engine's GPU object whose device lacks some kernels: try_kernel answers
@@ -32,46 +32,6 @@ impl GpuBackend for PartialGpu {
 
 fn cpu() -> Backend {
     Backend::open("cpu").expect("the CPU backend always opens")
-}
-
-struct Rows {
-    ids: Vec<u32>,
-    rows: Vec<u16>,
-}
-
-fn random_rows(r: &mut Rng, vocab: u32, n: u32, h: u32) -> Rows {
-    let mut ids = Vec::new();
-    while ids.len() < n as usize {
-        let id = r.below(vocab);
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
-    Rows {
-        ids,
-        rows: (0..n * h).map(|_| r.bf16()).collect(),
-    }
-}
-
-fn desc<'a>(vocab: u32, h: u32, embed: &'a Rows, lm: Option<&'a Rows>, tied: bool) -> OverlayDesc<'a> {
-    OverlayDesc {
-        adapter: Some("test"),
-        vocab,
-        hidden: h,
-        embed: OverlayRows {
-            tensor: "embed",
-            ids: &embed.ids,
-            rows: &embed.rows,
-            width: h,
-        },
-        lmhead: lm.map(|l| OverlayRows {
-            tensor: "lm_head",
-            ids: &l.ids,
-            rows: &l.rows,
-            width: h,
-        }),
-        tied,
-    }
 }
 
 #[test]
@@ -134,7 +94,7 @@ fn errors_carry_status_group_and_detail() {
     assert_eq!(e.group(), ErrorGroup::File);
     assert!(e.detail().contains("/nonexistent/model"), "{:?}", e.detail());
     for code in [
-        100, 101, 102, 103, 104, 200, 201, 202, 203, 300, 301, 302, 400, 401, 900,
+        100, 101, 102, 103, 104, 105, 200, 201, 202, 203, 300, 301, 302, 400, 401, 900,
     ] {
         assert_eq!(Status::from_code(code).code(), code);
     }

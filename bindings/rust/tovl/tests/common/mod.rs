@@ -6,6 +6,9 @@ pub mod json;
 
 use std::path::PathBuf;
 
+use conform::Rng;
+use tovl::{OverlayDesc, OverlayRows};
+
 /// The repository root (bindings/rust/tovl/../../..).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -46,4 +49,47 @@ pub fn seed(what: &str) -> u64 {
         .unwrap_or_else(conform::fresh_seed);
     eprintln!("{what}: seed {s} (TOVL_SEED={s} replays it)");
     s
+}
+
+/// Host rows: `ids[j]`'s row is `rows[j * h .. (j + 1) * h]`.
+pub struct Rows {
+    pub ids: Vec<u32>,
+    pub rows: Vec<u16>,
+}
+
+/// `n` distinct random ids below `vocab` and random bf16 rows of width `h`.
+pub fn random_rows(r: &mut Rng, vocab: u32, n: u32, h: u32) -> Rows {
+    let mut ids = Vec::new();
+    while ids.len() < n as usize {
+        let id = r.below(vocab);
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Rows {
+        ids,
+        rows: (0..n * h).map(|_| r.bf16()).collect(),
+    }
+}
+
+/// The description of an overlay of `embed` rows and optionally `lm` rows.
+pub fn desc<'a>(vocab: u32, h: u32, embed: &'a Rows, lm: Option<&'a Rows>, tied: bool) -> OverlayDesc<'a> {
+    OverlayDesc {
+        adapter: Some("test"),
+        vocab,
+        hidden: h,
+        embed: OverlayRows {
+            tensor: "embed",
+            ids: &embed.ids,
+            rows: &embed.rows,
+            width: h,
+        },
+        lmhead: lm.map(|l| OverlayRows {
+            tensor: "lm_head",
+            ids: &l.ids,
+            rows: &l.rows,
+            width: h,
+        }),
+        tied,
+    }
 }
