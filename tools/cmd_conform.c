@@ -309,6 +309,12 @@ int tovl_cmd_conform(int argc, char **argv) {
         }
         o.seed = golden.seed;
     }
+    /* --cuda-image: opened before anything is printed, so a bad file is a usage error alone */
+    tovl_backend *image_dut = NULL;
+    if (o.cuda_image && tovl_cli_open_cuda_image("tovl conform", o.cuda_image, &image_dut) != 0) {
+        tovl_conform_golden_free(&golden);
+        return 2;
+    }
     printf("tovl conform: suite %s, seed %" PRIu64 " (replay with --seed %" PRIu64 ")\n", TOVL_CONFORM_SUITE, o.seed,
            o.seed);
     if (o.against) {
@@ -354,12 +360,7 @@ int tovl_cmd_conform(int argc, char **argv) {
         }
         tovl_backend *dut = NULL;
         if (o.cuda_image) {
-            if (tovl_cli_open_cuda_image("tovl conform", o.cuda_image, &dut) != 0) {
-                ran[i].available = false;
-                snprintf(ran[i].text, sizeof ran[i].text, "cannot open the cuda backend on %s", o.cuda_image);
-                status = 2;
-                continue;
-            }
+            dut = image_dut;
             snprintf(ran[i].text, sizeof ran[i].text, "%.180s, kernels of %.50s", tovl_backend_device(dut),
                      o.cuda_image);
         } else if (tovl_backend_open(ran[i].name, &dut) != TOVL_OK) {
