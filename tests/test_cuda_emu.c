@@ -54,14 +54,7 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
 /* The shipped golden file's digests (a CPU reference wrote them), on a device
  * of the H200's shape, the lm_head variants as the backend chooses them. */
 Test(cuda_emu, digests_match_the_shipped_golden_file, .timeout = 900) {
-    tovl_backend *ref = NULL, *emu = open_emu(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_golden");
-    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
-    tovl_conform_report rep = {0};
-    cr_expect_eq(tu_conform_against_golden(ref, emu, NULL, &rep), 0, "cases differ from %s", TU_CONFORM_GOLDEN);
-    cr_expect_eq(rep.passed, tovl_conform_case_count(), "denormals are kept: every case runs and passes");
-    tovl_conform_report_free(&rep);
-    tovl_backend_close(emu);
-    tovl_backend_close(ref);
+    tu_expect_golden_digests(open_emu(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_golden"), NULL);
 }
 
 /* Every lm_head variant through the whole suite, whatever the batch would

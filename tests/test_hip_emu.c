@@ -53,14 +53,7 @@ static void conform_at(unsigned warp, tovl_hip_emu_lmhead lmhead, const char *sa
 /* The shipped golden file's digests (a CPU reference wrote them), at wave 64
  * with lm_head as the backend chooses. */
 Test(hip_emu, digests_match_the_shipped_golden_file, .timeout = 900) {
-    tovl_backend *ref = NULL, *emu = open_emu(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_golden");
-    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
-    tovl_conform_report rep = {0};
-    cr_expect_eq(tu_conform_against_golden(ref, emu, NULL, &rep), 0, "cases differ from %s", TU_CONFORM_GOLDEN);
-    cr_expect_eq(rep.passed, tovl_conform_case_count(), "denormals are kept: every case runs and passes");
-    tovl_conform_report_free(&rep);
-    tovl_backend_close(emu);
-    tovl_backend_close(ref);
+    tu_expect_golden_digests(open_emu(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_golden"), NULL);
 }
 
 Test(hip_emu, conformance_wave64, .timeout = 900) {

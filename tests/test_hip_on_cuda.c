@@ -80,15 +80,7 @@ Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout 
 /* The HIP port on NVIDIA against the shipped golden file's digests (a CPU
  * reference wrote them, maybe elsewhere): the same bits as every other port. */
 Test(hip_on_cuda, digests_match_the_shipped_golden_file, .timeout = 900) {
-    tovl_backend *dut = open_hip_port(), *ref = NULL;
-    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
-    tovl_conform_report rep = {0};
-    cr_expect_eq(tu_conform_against_golden(ref, dut, "hip-on-cuda", &rep), 0, "cases differ from %s",
-                 TU_CONFORM_GOLDEN);
-    cr_expect_eq(rep.passed, tovl_conform_case_count(), "denormals are kept: every case runs and passes");
-    tovl_conform_report_free(&rep);
-    tovl_backend_close(dut);
-    tovl_backend_close(ref);
+    tu_expect_golden_digests(open_hip_port(), "hip-on-cuda");
 }
 
 /* Launched with programmatic dependent launch (the image defines

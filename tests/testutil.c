@@ -359,3 +359,14 @@ size_t tu_conform_against_golden(tovl_backend *ref, tovl_backend *dut, const cha
     tovl_conform_golden_free(&golden);
     return failed;
 }
+
+void tu_expect_golden_digests(tovl_backend *dut, const char *label) {
+    tovl_backend *ref = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK, "%s", tovl_last_error());
+    tovl_conform_report rep = {0};
+    cr_expect_eq(tu_conform_against_golden(ref, dut, label, &rep), 0, "cases differ from %s", TU_CONFORM_GOLDEN);
+    cr_expect_eq(rep.passed, tovl_conform_case_count(), "denormals are kept: every case runs and passes");
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(dut);
+    tovl_backend_close(ref);
+}
