@@ -120,8 +120,8 @@ static void xml_text(FILE *f, const char *s) {
 }
 
 /* JUnit XML: a testsuite per backend, a testcase per (kernel, case), named
- * "kernel/case"; a failure's message is the result's detail (the buffer and
- * the first cell that differs, or the digests). */
+ * "kernel/case"; a failure's message is its buffer and the result's detail
+ * (the first cell that differs, or the digests). */
 static int write_junit(const conform_opts *o, const tovl_conform_report *rep, const ran_backend *ran, size_t n_ran) {
     FILE *f = fopen(o->junit, "w");
     if (!f) {
@@ -168,6 +168,12 @@ static int write_junit(const conform_opts *o, const tovl_conform_report *rep, co
                 continue;
             }
             fprintf(f, ">\n      <%s message=\"", r->skipped ? "skipped" : "failure");
+            /* a failure names its buffer first (a golden mismatch's detail already does) */
+            const size_t named = strlen(r->buffer);
+            if (!r->skipped && (strncmp(r->detail, r->buffer, named) != 0 || r->detail[named] != ':')) {
+                xml_text(f, r->buffer);
+                xml_text(f, ": ");
+            }
             xml_text(f, r->detail);
             fprintf(f, "\"/>\n    </testcase>\n");
         }

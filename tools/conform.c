@@ -750,7 +750,7 @@ static void conform_hook_case(const tovl_conform_options *opt, const case_def *c
                 result_fail(r, "the reference patched nothing: the case is vacuous");
             }
             if (differs) {
-                result_fail(r, "%s %s", r->buffer, cell);
+                result_fail(r, "%s", cell);
             }
         }
     } else if (gold && sg == TOVL_OK && strcmp(r->sha256, gold->sha256) != 0) {
@@ -886,7 +886,7 @@ static void conform_rowdiff_case(const tovl_conform_options *opt, const rowdiff_
             }
             fail_golden(r, gold->sha256, want_sha, with_ref ? cell : NULL);
         } else if (cell[0]) {
-            result_fail(r, "flags %s", cell);
+            result_fail(r, "%s", cell);
         }
         if (differing == 0 || differing == c->rows) {
             result_fail(r, "the %s flagged %u of %u rows: the case is vacuous", truth == rg ? "backend" : "reference",

@@ -32,7 +32,7 @@ typedef struct tovl_conform_result {
     bool passed;
     bool skipped;     /* not applicable on this backend (detail says why); not a failure */
     char sha256[TOVL_SHA256_HEX]; /* of the output's bytes, guards excluded; "" when it did not run */
-    char detail[384]; /* first mismatch (buffer, row, column), or why it failed; "" when passed */
+    char detail[384]; /* first mismatch (row, column), or why it failed; "" when passed */
 } tovl_conform_result;
 
 typedef struct tovl_conform_report {
