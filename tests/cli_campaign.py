@@ -42,8 +42,15 @@ def check(ok, what):
     return ok
 
 
+# Under the sanitizers (tests/hardening.cmake) the tovl processes get the
+# preload this interpreter runs without.
+TOVL_ENV = dict(os.environ)
+if os.environ.get("TOVL_CHILD_LD_PRELOAD"):
+    TOVL_ENV["LD_PRELOAD"] = os.environ["TOVL_CHILD_LD_PRELOAD"]
+
+
 def tovl(*args):
-    p = subprocess.run([TOVL, *args], capture_output=True, text=True)
+    p = subprocess.run([TOVL, *args], capture_output=True, text=True, env=TOVL_ENV)
     return p.returncode, p.stdout, p.stderr
 
 
