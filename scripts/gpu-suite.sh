@@ -85,7 +85,8 @@ if [ "$phase" != sanitize ]; then
     -E 'test_tp_cli_|test_tp_bench_|test_cpu_no_fma|test_hip_no_fused_fp|test_hip_fused_check_sees_contraction|test_vulkan_spirv_no_contraction|test_api_doc_lists_every_function|test_cuda_emu|test_hip_emu'
   ls /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ > "$OUT/vulkan-icds.txt" 2>&1
   VK_LOADER_DEBUG=error,warn,driver tovl_env build-gpu/tools/tovl devices > "$OUT/vulkan-loader.txt" 2>&1
-  [ ${#parts[@]} -eq 0 ] && step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json"
+  [ ${#parts[@]} -eq 0 ] && step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json" \
+    --junit "$OUT/conform.xml"
   for part in scripts/gpu/*.sh; do
     [ -f "$part" ] || continue
     name=$(basename "$part" .sh)

@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build gcc g++ make pkg-config python3
-  libcriterion-dev libcjson-dev
+  libcriterion-dev libcjson-dev nettle-dev
   libvulkan-dev libvulkan-volk-dev glslang-tools spirv-tools
   mesa-vulkan-drivers vulkan-validationlayers
   hipcc libamdhip64-dev rocm-device-libs llvm-15 clang-15

@@ -79,6 +79,10 @@ if(CMAKE_C_FLAGS MATCHES "-fsanitize=")
   # test_hip: checks that a failed open leaves libamdhip64 unloaded, and
   # ROCm 5.2 leaves static allocations behind at each unload.
   set(TOVL_SANITIZER_UNLOAD_TESTS test_hip)
+  # Script tests that start our executables: the interpreter runs without
+  # the preload (it is not ours to check), the tovl processes it starts get
+  # it through TOVL_CHILD_LD_PRELOAD (tests/cli_campaign.py).
+  set(TOVL_SANITIZER_CHILD_TESTS test_campaign_cli)
 
   add_library(tovl_keep_modules SHARED sanitizer_keep_modules.c)
   # The shim must not itself be instrumented or linked to the sanitizers.
@@ -102,7 +106,10 @@ if(CMAKE_C_FLAGS MATCHES "-fsanitize=")
       # one "_variant" suffix (test_vulkan_conform_subgroup4). Script tests
       # (cmake -P, objdump) get neither the preload nor a changed dlclose.
       string(REGEX REPLACE "_[^_]+$" "" base "${t}")
-      if(t IN_LIST TOVL_SANITIZER_UNLOAD_TESTS)
+      if(t IN_LIST TOVL_SANITIZER_CHILD_TESTS AND TOVL_SANITIZER_PRELOAD)
+        string(REPLACE "LD_PRELOAD=" "TOVL_CHILD_LD_PRELOAD=" child_preload "${TOVL_SANITIZER_PRELOAD}")
+        set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${child_preload}")
+      elseif(t IN_LIST TOVL_SANITIZER_UNLOAD_TESTS)
         set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "ASAN_OPTIONS=halt_on_error=1:detect_leaks=0:print_stacktrace=1")
       elseif(TOVL_SANITIZER_PRELOAD AND (TARGET "${t}" OR TARGET "${base}"))
         set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TOVL_SANITIZER_PRELOAD}")

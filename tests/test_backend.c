@@ -3,7 +3,9 @@
  * sums in another order, writes one cell too many, or ignores a skip rule. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "conform.h"
 #include "cpu/cpu_kernels.h"
@@ -219,4 +221,66 @@ Test(backend, conformance_passes_the_reference_against_itself) {
     tovl_conform_report_free(&rep);
     tovl_backend_close(dut);
     tovl_backend_close(ref);
+}
+
+/* Against the shipped golden file, a mutant's differing digests name their
+ * buffer and, the reference here agreeing with the file, the first differing
+ * cell; without a reference, the digests alone. */
+Test(backend, golden_mismatch_names_the_buffer_and_its_first_cell) {
+    mutant_dot = sequential_dot;
+    for (int with_ref = 0; with_ref < 2; with_ref++) {
+        tu_wrap *w;
+        tovl_backend *dut = tu_wrap_cpu(&w), *ref = NULL;
+        w->launch_override = mutant_lmhead_dot;
+        if (with_ref) {
+            cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK);
+        }
+        tovl_conform_report rep = {0};
+        const size_t failed = tu_conform_against_golden(ref, dut, "mutant", &rep);
+        cr_expect_gt(failed, 10, "a sequential dot must change many digests");
+        for (size_t i = 0; i < rep.count; i++) {
+            const tovl_conform_result *r = &rep.results[i];
+            if (r->passed) {
+                continue;
+            }
+            cr_expect(strstr(r->kernel, "lmhead") != NULL, "%s %s failed: %s", r->kernel, r->case_name, r->detail);
+            cr_expect(strncmp(r->detail, "logits: sha256 ", 15) == 0, "%s %s: %s", r->kernel, r->case_name,
+                      r->detail);
+            const char *cell = strstr(r->detail, "first differing cell against this machine's CPU reference: row ");
+            cr_expect(with_ref ? cell != NULL : cell == NULL, "%s %s: %s", r->kernel, r->case_name, r->detail);
+        }
+        tovl_conform_report_free(&rep);
+        tovl_backend_close(dut);
+        tovl_backend_close(ref);
+    }
+}
+
+/* A golden file written from one backend's digests alone (no reference)
+ * reads back and passes on another (the CPU backend opened afresh). */
+Test(backend, golden_written_on_one_backend_passes_on_another) {
+    tu_wrap *w;
+    tovl_backend *writer = tu_wrap_cpu(&w), *reader = NULL;
+    const uint64_t seed = tu_seed();
+    tovl_conform_report written = {0}, read = {0};
+    const tovl_conform_options alone = {.dut = writer, .seed = seed, .label = "cpu"};
+    cr_assert_eq(tovl_conform_run(&alone, &written), 0);
+    char path[] = "/tmp/tovl_golden_XXXXXX", err[512];
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_eq(tovl_conform_golden_write(path, seed, "cpu", &written, err, sizeof err), 0, "%s", err);
+    tovl_conform_golden golden;
+    cr_assert_eq(tovl_conform_golden_read(path, &golden, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(golden.seed, seed);
+    cr_expect_str_eq(golden.backend, "cpu");
+    cr_assert_eq(tovl_backend_open("cpu", &reader), TOVL_OK);
+    const tovl_conform_options against = {.dut = reader, .golden = &golden};
+    cr_expect_eq(tovl_conform_run(&against, &read), 0);
+    cr_expect_eq(read.passed, tovl_conform_case_count());
+    tovl_conform_golden_free(&golden);
+    tovl_conform_report_free(&written);
+    tovl_conform_report_free(&read);
+    tovl_backend_close(writer);
+    tovl_backend_close(reader);
+    unlink(path);
 }

@@ -100,12 +100,18 @@ Test(cli_errors, unknown_options_are_named) {
     expect_usage_error("inspect " ADAPTER " extra", "unexpected argument 'extra'");
     expect_usage_error("run --base " BASE " --batch " BATCH " --out /dev/null extra", "unexpected argument 'extra'");
     expect_usage_error("conform --verbose=1", "option '--verbose' takes no value");
+    expect_usage_error("conform --cuda-image /nonexistent/kernels.cubin", "'/nonexistent/kernels.cubin'");
+    expect_usage_error("conform --backend vulkan --cuda-image /dev/null", "not 'vulkan'");
+    expect_usage_error("conform --against /nonexistent/golden.json", "'/nonexistent/golden.json'");
+    expect_usage_error("run --digest=1", "option '--digest' takes no value");
     expect_usage_error("run --ba x", "option '--ba' is ambiguous");
 }
 
 Test(cli_errors, options_without_their_value) {
     const char *cases[][2] = {
         {"conform --backend", "--backend"}, {"conform --seed", "--seed"},   {"conform --json", "--json"},
+        {"conform --junit", "--junit"}, {"conform --against", "--against"}, {"conform --golden-out", "--golden-out"},
+        {"conform --cuda-image", "--cuda-image"},
         {"inspect " ADAPTER " --base", "--base"}, {"inspect " ADAPTER " --vocab", "--vocab"},
         {"inspect " ADAPTER " --backend", "--backend"},
         {"run --base " BASE " --batch " BATCH " --out", "--out"}, {"run --adapter", "--adapter"},

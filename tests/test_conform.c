@@ -1,5 +1,6 @@
 /* The whole conformance suite on one backend (TOVL_CONFORM_BACKEND, set by
- * CMake) against the CPU reference (its scalar loop on one thread). Skips, with the backend's own reason,
+ * CMake) against the CPU reference (its scalar loop on one thread), and
+ * against the golden file shipped in the repo (the digests a CPU wrote). Skips, with the backend's own reason,
  * when the backend is not available on this machine. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
@@ -54,4 +55,24 @@ Test(conform, bit_exact_against_the_cpu_reference, .timeout = 900) {
     tovl_conform_report_free(&rep);
     tovl_backend_close(dut);
     tovl_backend_close(ref);
+}
+
+/* The digests a CPU reference wrote into tests/golden/ (maybe on another
+ * machine), without the reference's outputs: every case's SHA-256 equal. */
+Test(conform, digests_match_the_shipped_golden_file, .timeout = 900) {
+    tovl_backend *dut = NULL;
+    if (tovl_backend_open(TOVL_CONFORM_BACKEND, &dut) != TOVL_OK) {
+        cr_skip_test("%s backend unavailable: %s", TOVL_CONFORM_BACKEND, tovl_last_error());
+    }
+    tovl_conform_report rep = {0};
+    const size_t failed = tu_conform_against_golden(NULL, dut, NULL, &rep);
+    cr_expect_eq(failed, 0, "%zu cases on %s differ from %s", failed, TOVL_CONFORM_BACKEND, TU_CONFORM_GOLDEN);
+    cr_expect_eq(rep.count, tovl_conform_case_count());
+    cr_expect_gt(rep.passed, rep.count / 2, "most cases must really run, not skip");
+    for (size_t i = 0; i < rep.count; i++) {
+        cr_expect(rep.results[i].skipped || strlen(rep.results[i].sha256) == 64, "%s %s: no digest",
+                  rep.results[i].kernel, rep.results[i].case_name);
+    }
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(dut);
 }

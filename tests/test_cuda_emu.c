@@ -52,6 +52,12 @@ static void conform_on(const tovl_cuda_device_shape *shape, int lmhead, const ch
     tovl_backend_close(ref);
 }
 
+/* The shipped golden file's digests (a CPU reference wrote them), on a device
+ * of the H200's shape, the lm_head variants as the backend chooses them. */
+Test(cuda_emu, digests_match_the_shipped_golden_file, .timeout = 900) {
+    tu_expect_golden_digests(open_emu(&(tovl_cuda_device_shape){132}, -1, "cuda_emu_golden"), NULL);
+}
+
 /* Every lm_head variant through the whole suite, whatever the batch would
  * choose (the backend picks row4 and row4q for small batches, then the small
  * tiles where they give each block an SM, the large tiles beyond:

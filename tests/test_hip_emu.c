@@ -51,6 +51,12 @@ static void conform_at(unsigned warp, tovl_hip_emu_lmhead lmhead, const char *sa
     tovl_backend_close(ref);
 }
 
+/* The shipped golden file's digests (a CPU reference wrote them), at wave 64
+ * with lm_head as the backend chooses. */
+Test(hip_emu, digests_match_the_shipped_golden_file, .timeout = 900) {
+    tu_expect_golden_digests(open_emu(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_golden"), NULL);
+}
+
 Test(hip_emu, conformance_wave64, .timeout = 900) {
     conform_at(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, "hip_emu_wave64");
 }

@@ -77,6 +77,12 @@ Test(hip_on_cuda, the_hip_port_is_bit_exact_against_the_cpu_reference, .timeout 
     tovl_backend_close(ref);
 }
 
+/* The HIP port on NVIDIA against the shipped golden file's digests (a CPU
+ * reference wrote them, maybe elsewhere): the same bits as every other port. */
+Test(hip_on_cuda, digests_match_the_shipped_golden_file, .timeout = 900) {
+    tu_expect_golden_digests(open_hip_port(), "hip-on-cuda");
+}
+
 /* Launched with programmatic dependent launch (the image defines
  * tovl_cuda_dependent_launch), each hook waits for the kernel before it. */
 Test(hip_on_cuda, each_hook_waits_for_the_kernel_before_it, .timeout = 600) {

@@ -382,3 +382,26 @@ void tu_expect_timing_members(tovl_backend *be, size_t copy_bytes) {
     cr_expect_eq(iface->time_kernel(ctx, 0, grid, &a, sizeof a, 5, 3, &t), TOVL_ERR_LAUNCH);
     tovl_free(be, buf);
 }
+
+size_t tu_conform_against_golden(tovl_backend *ref, tovl_backend *dut, const char *label, tovl_conform_report *rep) {
+    tovl_conform_golden golden;
+    char err[512];
+    cr_assert_eq(tovl_conform_golden_read(TU_CONFORM_GOLDEN, &golden, err, sizeof err), 0, "%s", err);
+    fprintf(stderr, "conform %s on %s against %s (suite %s, seed %llu)\n", label ? label : tovl_backend_name(dut),
+            tovl_backend_device(dut), TU_CONFORM_GOLDEN, TOVL_CONFORM_SUITE, (unsigned long long)golden.seed);
+    const tovl_conform_options opt = {.ref = ref, .dut = dut, .golden = &golden, .label = label, .log = stderr};
+    const size_t failed = tovl_conform_run(&opt, rep);
+    tovl_conform_golden_free(&golden);
+    return failed;
+}
+
+void tu_expect_golden_digests(tovl_backend *dut, const char *label) {
+    tovl_backend *ref = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &ref), TOVL_OK, "%s", tovl_last_error());
+    tovl_conform_report rep = {0};
+    cr_expect_eq(tu_conform_against_golden(ref, dut, label, &rep), 0, "cases differ from %s", TU_CONFORM_GOLDEN);
+    cr_expect_eq(rep.passed, tovl_conform_case_count(), "denormals are kept: every case runs and passes");
+    tovl_conform_report_free(&rep);
+    tovl_backend_close(dut);
+    tovl_backend_close(ref);
+}

@@ -7,7 +7,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "conform.h"
 #include "tovl/backend.h"
+
+/* The golden file shipped in the repo (tests/golden/), written by
+ * `tovl conform --golden-out` on the CPU reference at its default seed. */
+#define TU_CONFORM_GOLDEN TOVL_SOURCE_DIR "/tests/golden/conform-seed-1.json"
+
+/* The whole suite on `dut` against the shipped golden file's digests, each
+ * case's line on stderr; `ref` (may be NULL) places a difference. Asserts
+ * that the file reads; fills *rep and returns the number of failed cases. */
+size_t tu_conform_against_golden(tovl_backend *ref, tovl_backend *dut, const char *label, tovl_conform_report *rep);
+/* The same with the CPU backend placing differences, expecting every case to
+ * run and match (a port that keeps denormals: none may skip); closes dut. */
+void tu_expect_golden_digests(tovl_backend *dut, const char *label);
 
 /* The run's seed: TOVL_TEST_SEED when set, else fresh; printed once. */
 uint64_t tu_seed(void);

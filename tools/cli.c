@@ -2,9 +2,11 @@
  * reporting a bad option by name. */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "tovl/tovl_cuda.h"
 
 void tovl_cli_getopt_start(void) {
     /* 0, not 1: glibc and musl then forget the state of an earlier parse
@@ -52,4 +54,34 @@ int tovl_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(F
     fprintf(stderr, "%s: unexpected argument '%s'\n", cmd, argv[optind]);
     usage(stderr);
     return 2;
+}
+
+int tovl_cli_open_cuda_image(const char *cmd, const char *path, tovl_backend **be) {
+    FILE *f = fopen(path, "rb");
+    char *image = NULL;
+    long size = -1;
+    if (f && fseek(f, 0, SEEK_END) == 0) {
+        size = ftell(f);
+    }
+    if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
+        image = malloc((size_t)size + 1); /* a NUL after PTX text */
+    }
+    const bool read = image && fread(image, 1, (size_t)size, f) == (size_t)size;
+    if (f) {
+        fclose(f);
+    }
+    if (!read) {
+        fprintf(stderr, "%s: cannot read --cuda-image '%s'\n", cmd, path);
+        free(image);
+        return 2;
+    }
+    image[size] = '\0';
+    const char *slash = strrchr(path, '/');
+    tovl_status st = tovl_cuda_backend_open_image(image, (size_t)size + 1, slash ? slash + 1 : path, be);
+    free(image);
+    if (st != TOVL_OK) {
+        fprintf(stderr, "%s: cannot open the cuda backend on '%s': %s\n", cmd, path, tovl_last_error());
+        return 2;
+    }
+    return 0;
 }

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "tovl/tovl.h"
+
 /* The most tensor-parallel ranks `run --tp` and `inspect --tp` take. */
 #define TOVL_CLI_TP_MAX 1024
 
@@ -29,5 +31,12 @@ int tovl_cli_bad_option(const char *cmd, int c, char **argv, const struct option
 /* 0 when getopt_long left no operands; else names the first one, prints the
  * usage to stderr and returns 2. */
 int tovl_cli_no_operands(const char *cmd, int argc, char **argv, void (*usage)(FILE *));
+
+/* --cuda-image FILE (bench, conform): the CUDA backend on the kernels of FILE
+ * (a cubin, fatbin or PTX, through tovl_cuda_backend_open_image) instead of
+ * its own, so another port's kernel source compiled for NVIDIA, e.g. the HIP
+ * port's (hip_on_cuda.h), runs with the same workload. 0 when opened; else
+ * prints "CMD: ..." naming the file and returns 2. */
+int tovl_cli_open_cuda_image(const char *cmd, const char *path, tovl_backend **be);
 
 #endif

@@ -56,7 +56,6 @@
 #include "cli.h"
 #include "conform.h"
 #include "tovl/backend.h"
-#include "tovl/tovl_cuda.h"
 
 /* Tensors one --dump file may hold: the set's 2, then 4 per batch size. */
 #define BENCH_DUMP_MAX 40
@@ -1139,37 +1138,6 @@ static int parse_options(int argc, char **argv, bench_options *o) {
     return -1; /* go on */
 }
 
-/* --cuda-image: the CUDA backend on the kernels of a file; 0 when opened. */
-static int open_cuda_image(const char *path, tovl_backend **be) {
-    FILE *f = fopen(path, "rb");
-    char *image = NULL;
-    long size = -1;
-    if (f && fseek(f, 0, SEEK_END) == 0) {
-        size = ftell(f);
-    }
-    if (size > 0 && fseek(f, 0, SEEK_SET) == 0) {
-        image = malloc((size_t)size + 1); /* a NUL after PTX text */
-    }
-    const bool read = image && fread(image, 1, (size_t)size, f) == (size_t)size;
-    if (f) {
-        fclose(f);
-    }
-    if (!read) {
-        fprintf(stderr, "tovl bench: cannot read --cuda-image '%s'\n", path);
-        free(image);
-        return 2;
-    }
-    image[size] = '\0';
-    const char *slash = strrchr(path, '/');
-    tovl_status st = tovl_cuda_backend_open_image(image, (size_t)size + 1, slash ? slash + 1 : path, be);
-    free(image);
-    if (st != TOVL_OK) {
-        fprintf(stderr, "tovl bench: cannot open the cuda backend on '%s': %s\n", path, tovl_last_error());
-        return 2;
-    }
-    return 0;
-}
-
 int tovl_cmd_bench(int argc, char **argv) {
     bench_options o;
     int rc = parse_options(argc, argv, &o);
@@ -1182,7 +1150,7 @@ int tovl_cmd_bench(int argc, char **argv) {
             fprintf(stderr, "tovl bench: --cuda-image runs on the cuda backend, not '%s'\n", o.backend);
             return 2;
         }
-        if (open_cuda_image(o.cuda_image, &run.be) != 0) {
+        if (tovl_cli_open_cuda_image("tovl bench", o.cuda_image, &run.be) != 0) {
             return 2;
         }
     } else if (tovl_backend_open(o.backend, &run.be) != TOVL_OK) {

@@ -1,5 +1,5 @@
 /* tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE
- *          [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N]
+ *          [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N] [--digest]
  *
  * Applies adapters to a batch the way an engine does: adapters go into slots
  * 0, 1, ... in order; the base embedding gather runs on the host, then the
@@ -14,7 +14,9 @@
  * base model); optional hidden bf16 [T, hidden]. Other tensors are ignored,
  * so a fixture's expected.safetensors works as a batch.
  * Output (safetensors): embed bf16 [T, hidden]; logits [T, vocab] (f32 or
- * bf16) when hidden was given. */
+ * bf16) when hidden was given. --digest prints the SHA-256 of each output
+ * tensor's bytes, so a campaign compares a real batch across machines by
+ * digest (docs/CONFORMANCE.md). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,6 +25,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "conform.h"
 #include "tovl/backend.h" /* tovl_error: host-side failures report like library ones */
 #include "tovl/tovl.h"
 
@@ -30,13 +33,14 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE\n"
-               "                [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N]\n"
+               "                [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N] [--digest]\n"
                "  adapters go into slots 0, 1, ... in order (at most %d)\n"
                "  batch: ids i32 [T]; optional slots i32 [T] (default 0, -1 = base model); optional hidden bf16 [T,h]\n"
                "  out:   embed bf16 [T,h]; logits [T,vocab] when hidden is given (default bf16)\n"
                "  --backend NAME  cpu (default), vulkan, cuda, hip or auto\n"
                "  --vocab N       the engine's padded vocab (default: config.json vocab_size)\n"
-               "  --tp N          the logits through N vocab shards (vLLM's split, pad 64), concatenated\n",
+               "  --tp N          the logits through N vocab shards (vLLM's split, pad 64), concatenated\n"
+               "  --digest        print the SHA-256 of each output tensor's bytes (as written)\n",
                MAX_ADAPTERS);
 }
 
@@ -47,6 +51,7 @@ typedef struct run_opts {
     tovl_logits_dtype logits;
     uint32_t padded_vocab;
     uint32_t tp; /* tensor-parallel ranks of the lm_head, >= 1 */
+    bool digest;
 } run_opts;
 
 /* 0: parsed; 1: --help shown; 2: bad usage (message printed). */
@@ -64,6 +69,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                                          {"logits", required_argument, NULL, 'l'},
                                          {"vocab", required_argument, NULL, 'v'},
                                          {"tp", required_argument, NULL, 't'},
+                                         {"digest", no_argument, NULL, 'd'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -80,6 +86,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             o->out = v;
         } else if (c == 'k') {
             o->backend = v;
+        } else if (c == 'd') {
+            o->digest = true;
         } else if (c == 'a') {
             if (o->n_adapters == MAX_ADAPTERS) {
                 fprintf(stderr, "tovl run: more than %d adapters\n", MAX_ADAPTERS);
@@ -445,6 +453,19 @@ static tovl_status write_output(const run_opts *o, run_state *r, const batch *b)
     return tovl_safetensors_write(o->out, out, b->hidden ? 2 : 1, meta, 2);
 }
 
+/* --digest: the SHA-256 of the bytes of each tensor written (little-endian,
+ * row-major, as in the safetensors file). */
+static void print_digests(const run_opts *o, const run_state *r, const batch *b) {
+    const tovl_model_info *mi = tovl_model_get_info(r->model);
+    char hex[TOVL_SHA256_HEX];
+    tovl_sha256_hex(r->embed, (size_t)b->T * mi->hidden * sizeof(uint16_t), hex);
+    printf("sha256 embed  %s\n", hex);
+    if (b->hidden) {
+        tovl_sha256_hex(r->logits, (size_t)b->T * mi->vocab * (o->logits == TOVL_LOGITS_F32 ? 4u : 2u), hex);
+        printf("sha256 logits %s\n", hex);
+    }
+}
+
 int tovl_cmd_run(int argc, char **argv) {
     run_opts o;
     int prc = parse_args(argc, argv, &o);
@@ -509,6 +530,9 @@ int tovl_cmd_run(int argc, char **argv) {
                 }
             }
             printf(" -> %s\n", o.out);
+            if (o.digest) {
+                print_digests(&o, &r, &b);
+            }
             rc = 0;
         }
     }

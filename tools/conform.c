@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <nettle/sha2.h>
+
 #include "tovl/backend.h"
 
 #define GUARD_BYTES 256u
@@ -49,6 +51,17 @@ static uint16_t rng_bf16(rng *r) {
         v = -v;
     }
     return tovl_f32_to_bf16(v);
+}
+
+void tovl_sha256_hex(const void *data, size_t size, char out[TOVL_SHA256_HEX]) {
+    struct sha256_ctx ctx;
+    uint8_t digest[SHA256_DIGEST_SIZE];
+    sha256_init(&ctx);
+    sha256_update(&ctx, size, data);
+    sha256_digest(&ctx, sizeof digest, digest);
+    for (size_t i = 0; i < sizeof digest; i++) {
+        snprintf(out + 2 * i, 3, "%02x", digest[i]);
+    }
 }
 
 uint64_t tovl_conform_fresh_seed(void) {
@@ -141,6 +154,13 @@ static const char *const hook_kernels[] = {TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNE
 
 size_t tovl_conform_case_count(void) {
     return HOOK_CASE_COUNT * 3 + ROWDIFF_CASE_COUNT;
+}
+
+const char *tovl_conform_case_kernel(size_t i) {
+    if (i < HOOK_CASE_COUNT * 3) {
+        return hook_kernels[i % 3];
+    }
+    return i - HOOK_CASE_COUNT * 3 < ROWDIFF_CASE_COUNT ? TOVL_KERNEL_ROWDIFF : NULL;
 }
 
 const char *tovl_conform_case_name(size_t i) {
@@ -597,34 +617,74 @@ static tovl_status run_hook(tovl_backend *be, const hook_inputs *in, const char 
     return st;
 }
 
-/* Compare dut against ref over the payload, element by element. */
-static void compare_payload(tovl_conform_result *r, const hook_run *ref, const hook_run *dut, size_t elem,
-                            uint32_t row_elems) {
-    size_t base = GUARD_BYTES + ref->out.offset;
-    size_t n = ref->out.payload / elem;
+/* The first element of the payload where `got` differs from `want`, written
+ * as "row R col C: expected X, got Y" into msg; false when none does. */
+static bool first_difference(const hook_run *want, const hook_run *got, size_t elem, uint32_t row_elems, char *msg,
+                             size_t msg_size) {
+    size_t base = GUARD_BYTES + want->out.offset;
+    size_t n = want->out.payload / elem;
     for (size_t i = 0; i < n; i++) {
-        const uint8_t *a = ref->bytes + base + i * elem, *b = dut->bytes + base + i * elem;
+        const uint8_t *a = want->bytes + base + i * elem, *b = got->bytes + base + i * elem;
         if (memcmp(a, b, elem) != 0) {
             uint32_t va = 0, vb = 0;
             memcpy(&va, a, elem);
             memcpy(&vb, b, elem);
-            result_fail(r, "row %zu col %zu: expected 0x%0*x, got 0x%0*x", i / row_elems, i % row_elems,
-                        (int)elem * 2, va, (int)elem * 2, vb);
-            return;
+            snprintf(msg, msg_size, "row %zu col %zu: expected 0x%0*x, got 0x%0*x", i / row_elems, i % row_elems,
+                     (int)elem * 2, va, (int)elem * 2, vb);
+            return true;
         }
     }
+    return false;
 }
 
-static size_t count_changed(const hook_run *run, const void *init) {
-    return memcmp(run->bytes + GUARD_BYTES + run->out.offset, init, run->out.payload) != 0;
+static bool payload_unchanged(const hook_run *run, const void *init) {
+    return memcmp(run->bytes + GUARD_BYTES + run->out.offset, init, run->out.payload) == 0;
 }
 
-static void conform_hook_case(tovl_backend *ref, tovl_backend *dut, const case_def *c, const char *kernel,
+static void payload_sha256(const guarded *g, const uint8_t *bytes, char out[TOVL_SHA256_HEX]) {
+    tovl_sha256_hex(bytes + GUARD_BYTES + g->offset, g->payload, out);
+}
+
+/* The golden file's digest of (kernel, case), or NULL. */
+static const tovl_conform_digest *golden_find(const tovl_conform_golden *g, const char *kernel,
+                                              const char *case_name) {
+    for (size_t i = 0; g && i < g->count; i++) {
+        if (!strcmp(g->digests[i].kernel, kernel) && !strcmp(g->digests[i].case_name, case_name)) {
+            return &g->digests[i];
+        }
+    }
+    return NULL;
+}
+
+/* A digest that differs from the golden file's: named, and, where a
+ * reference ran the case here (want), its first cell that differs. */
+static void fail_golden(tovl_conform_result *r, const char *golden_sha, const char *want_sha, const char *cell) {
+    char where[200] = "";
+    if (cell && strcmp(want_sha, golden_sha) == 0) {
+        snprintf(where, sizeof where, "; first differing cell against this machine's CPU reference: %s", cell);
+    } else if (cell) {
+        snprintf(where, sizeof where, "; this machine's CPU reference differs from the golden file too");
+    }
+    result_fail(r, "%s: sha256 %.16s... differs from the golden file's %.16s...%s", r->buffer, r->sha256, golden_sha,
+                where);
+}
+
+static void conform_hook_case(const tovl_conform_options *opt, const case_def *c, const char *kernel,
                               uint64_t seed, tovl_conform_result *r) {
+    tovl_backend *ref = opt->ref, *dut = opt->dut;
+    const bool embed = strcmp(kernel, TOVL_KERNEL_EMBED_OVERLAY) == 0;
+    const bool f32 = strcmp(kernel, TOVL_KERNEL_LMHEAD_OVERLAY_F32) == 0;
+    const size_t elem = embed ? 2 : f32 ? 4 : 2;
+    const tovl_conform_digest *gold = golden_find(opt->golden, kernel, c->name);
     hook_inputs in;
     r->passed = true;
+    snprintf(r->buffer, sizeof r->buffer, "%s", embed ? "hidden" : "logits");
     if (!probe_fits(c)) {
         result_fail(r, "case table: h = %u cannot hold this case's fused-multiply-add probe", c->h);
+        return;
+    }
+    if (opt->golden && !gold) {
+        result_fail(r, "the golden file has no digest of this case");
         return;
     }
     if (!hook_inputs_make(c, seed, &in)) {
@@ -644,34 +704,63 @@ static void conform_hook_case(tovl_backend *ref, tovl_backend *dut, const case_d
         hook_inputs_free(&in);
         return;
     }
-    hook_run a, b;
-    tovl_status sa = run_hook(ref, &in, kernel, &a);
-    tovl_status sb = sa == TOVL_OK ? run_hook(dut, &in, kernel, &b) : TOVL_OK;
-    if (sa != TOVL_OK) {
-        result_fail(r, "reference failed: %s", tovl_last_error());
-    } else if (sb != TOVL_OK) {
-        result_fail(r, "%s: %s", tovl_status_str(sb), tovl_last_error());
+    const void *init = embed ? (const void *)in.hidden : f32 ? (const void *)in.logits_f32 : (const void *)in.logits_bf16;
+    const uint32_t row_elems = embed ? c->h : in.ld;
+    hook_run got, want;
+    tovl_status sg = run_hook(dut, &in, kernel, &got), sw = TOVL_OK;
+    /* The reference runs for the comparison, or to place a golden mismatch. */
+    bool with_ref = false;
+    if (sg != TOVL_OK) {
+        result_fail(r, "%s: %s", tovl_status_str(sg), tovl_last_error());
     } else {
-        bool embed = strcmp(kernel, TOVL_KERNEL_EMBED_OVERLAY) == 0;
-        bool f32 = strcmp(kernel, TOVL_KERNEL_LMHEAD_OVERLAY_F32) == 0;
-        const void *init = embed ? (const void *)in.hidden : f32 ? (const void *)in.logits_f32 : (const void *)in.logits_bf16;
-        long dmg = guard_damage(&b.out, b.bytes);
+        payload_sha256(&got.out, got.bytes, r->sha256);
+        long dmg = guard_damage(&got.out, got.bytes);
         if (dmg >= 0) {
-            result_fail(r, "wrote outside its output: guard byte %ld of %zu changed", dmg, b.out.total);
+            result_fail(r, "wrote outside its output: guard byte %ld of %zu changed", dmg, got.out.total);
         }
-        if (guard_damage(&a.out, a.bytes) >= 0) {
-            result_fail(r, "reference wrote outside its output");
+        with_ref = ref && (!gold || strcmp(r->sha256, gold->sha256) != 0);
+        if (!ref || gold) {
+            /* no reference to compare with here: the output itself must show the case ran */
+            if (payload_unchanged(&got, init)) {
+                result_fail(r, "%s: nothing patched: the case is vacuous", r->buffer);
+            }
         }
-        if (!count_changed(&a, init)) {
-            result_fail(r, "the reference patched nothing: the case is vacuous");
-        }
-        compare_payload(r, &a, &b, embed ? 2 : f32 ? 4 : 2, embed ? c->h : in.ld);
     }
-    if (sa == TOVL_OK) {
-        free(a.bytes);
+    if (with_ref) {
+        sw = run_hook(ref, &in, kernel, &want);
     }
-    if (sa == TOVL_OK && sb == TOVL_OK) {
-        free(b.bytes);
+    char cell[160] = "";
+    if (with_ref && sw != TOVL_OK) {
+        if (gold) {
+            fail_golden(r, gold->sha256, "", NULL);
+        } else {
+            result_fail(r, "reference failed: %s", tovl_last_error());
+        }
+    } else if (with_ref) {
+        const bool differs = first_difference(&want, &got, elem, row_elems, cell, sizeof cell);
+        if (gold) {
+            char want_sha[TOVL_SHA256_HEX];
+            payload_sha256(&want.out, want.bytes, want_sha);
+            fail_golden(r, gold->sha256, want_sha, cell);
+        } else {
+            if (guard_damage(&want.out, want.bytes) >= 0) {
+                result_fail(r, "reference wrote outside its output");
+            }
+            if (payload_unchanged(&want, init)) {
+                result_fail(r, "the reference patched nothing: the case is vacuous");
+            }
+            if (differs) {
+                result_fail(r, "%s", cell);
+            }
+        }
+    } else if (gold && sg == TOVL_OK && strcmp(r->sha256, gold->sha256) != 0) {
+        fail_golden(r, gold->sha256, "", NULL);
+    }
+    if (sg == TOVL_OK) {
+        free(got.bytes);
+    }
+    if (with_ref && sw == TOVL_OK) {
+        free(want.bytes);
     }
     hook_inputs_free(&in);
 }
@@ -725,9 +814,21 @@ static tovl_status run_rowdiff(tovl_backend *be, const rowdiff_case *c, const ui
     return st;
 }
 
-static void conform_rowdiff_case(tovl_backend *ref, tovl_backend *dut, const rowdiff_case *c, uint64_t seed,
+/* The flags a rowdiff run wrote (after the guard). */
+static const uint32_t *rowdiff_flags(const uint8_t *bytes) {
+    return (const uint32_t *)(bytes + GUARD_BYTES);
+}
+
+static void conform_rowdiff_case(const tovl_conform_options *opt, const rowdiff_case *c, uint64_t seed,
                                  tovl_conform_result *r) {
+    tovl_backend *ref = opt->ref, *dut = opt->dut;
+    const tovl_conform_digest *gold = golden_find(opt->golden, TOVL_KERNEL_ROWDIFF, c->name);
     r->passed = true;
+    snprintf(r->buffer, sizeof r->buffer, "flags");
+    if (opt->golden && !gold) {
+        result_fail(r, "the golden file has no digest of this case");
+        return;
+    }
     if (!tovl_try_kernel(dut, TOVL_KERNEL_ROWDIFF)) {
         result_fail(r, "kernel 'rowdiff' missing on this backend");
         return;
@@ -741,44 +842,82 @@ static void conform_rowdiff_case(tovl_backend *ref, tovl_backend *dut, const row
         return;
     }
     make_rowdiff_pair(c, seed, a, b);
-    guarded fa, fb;
-    uint8_t *ba = NULL, *bb = NULL;
-    tovl_status sa = run_rowdiff(ref, c, a, b, &fa, &ba);
-    tovl_status sb = sa == TOVL_OK ? run_rowdiff(dut, c, a, b, &fb, &bb) : TOVL_OK;
-    if (sa != TOVL_OK) {
-        result_fail(r, "reference failed: %s", tovl_last_error());
-    } else if (sb != TOVL_OK) {
-        result_fail(r, "%s: %s", tovl_status_str(sb), tovl_last_error());
+    guarded fgot, fwant;
+    uint8_t *got = NULL, *want = NULL;
+    tovl_status sg = run_rowdiff(dut, c, a, b, &fgot, &got), sw = TOVL_OK;
+    bool with_ref = false;
+    if (sg != TOVL_OK) {
+        result_fail(r, "%s: %s", tovl_status_str(sg), tovl_last_error());
     } else {
-        long dmg = guard_damage(&fb, bb);
+        payload_sha256(&fgot, got, r->sha256);
+        long dmg = guard_damage(&fgot, got);
         if (dmg >= 0) {
             result_fail(r, "wrote outside flags: guard byte %ld changed", dmg);
         }
-        const uint32_t *ra = (const uint32_t *)(ba + GUARD_BYTES), *rb = (const uint32_t *)(bb + GUARD_BYTES);
+        with_ref = ref && (!gold || strcmp(r->sha256, gold->sha256) != 0);
+        sw = with_ref ? run_rowdiff(ref, c, a, b, &fwant, &want) : TOVL_OK;
+    }
+    if (with_ref && sw != TOVL_OK) {
+        if (gold) {
+            fail_golden(r, gold->sha256, "", NULL);
+        } else {
+            result_fail(r, "reference failed: %s", tovl_last_error());
+        }
+    } else if (sg == TOVL_OK) {
+        /* The flags that decide whether the case is vacuous: the reference's
+         * where it ran for the comparison, else the backend's own. */
+        const uint32_t *rg = rowdiff_flags(got), *truth = with_ref && !gold ? rowdiff_flags(want) : rg;
         uint32_t differing = 0;
         for (uint32_t i = 0; i < c->rows; i++) {
-            differing += ra[i] == 1;
-            if (ra[i] != rb[i]) {
-                result_fail(r, "row %u: expected flag %u, got 0x%08x", i, ra[i], rb[i]);
+            differing += truth[i] == 1;
+        }
+        char cell[96] = "";
+        for (uint32_t i = 0; with_ref && i < c->rows; i++) {
+            const uint32_t *rw = rowdiff_flags(want);
+            if (rw[i] != rg[i]) {
+                snprintf(cell, sizeof cell, "row %u: expected flag %u, got 0x%08x", i, rw[i], rg[i]);
                 break;
             }
         }
+        if (gold && strcmp(r->sha256, gold->sha256) != 0) {
+            char want_sha[TOVL_SHA256_HEX] = "";
+            if (with_ref) {
+                payload_sha256(&fwant, want, want_sha);
+            }
+            fail_golden(r, gold->sha256, want_sha, with_ref ? cell : NULL);
+        } else if (cell[0]) {
+            result_fail(r, "%s", cell);
+        }
         if (differing == 0 || differing == c->rows) {
-            result_fail(r, "the reference flagged %u of %u rows: the case is vacuous", differing, c->rows);
+            result_fail(r, "the %s flagged %u of %u rows: the case is vacuous", truth == rg ? "backend" : "reference",
+                        differing, c->rows);
         }
     }
-    free(ba);
-    free(bb);
+    free(got);
+    free(want);
     free(a);
     free(b);
 }
 
 /* ------------------------------------------------------------------------ */
-size_t tovl_conform_backend(tovl_backend *ref, tovl_backend *dut, uint64_t seed, FILE *log,
-                            tovl_conform_report *report) {
+static void log_result(FILE *log, const tovl_conform_result *res) {
+    if (log) {
+        fprintf(log, "conform %-7s %-20s %-26s %-6s %-64s %s%s%s\n", res->backend, res->kernel, res->case_name,
+                res->buffer, res->sha256[0] ? res->sha256 : "-", res->skipped ? "SKIP" : res->passed ? "ok" : "FAIL",
+                res->detail[0] ? ": " : "", res->detail);
+    }
+}
+
+static void count_result(tovl_conform_report *report, const tovl_conform_result *res) {
+    if (res->skipped) report->skipped++;
+    else if (res->passed) report->passed++;
+    else report->failed++;
+}
+
+size_t tovl_conform_run(const tovl_conform_options *opt, tovl_conform_report *report) {
     size_t failed_before = report->failed;
-    const char *name = tovl_backend_name(dut);
-    rng r = {seed};
+    const char *name = opt->label ? opt->label : tovl_backend_name(opt->dut);
+    rng r = {opt->golden ? opt->golden->seed : opt->seed};
     for (size_t i = 0; i < HOOK_CASE_COUNT; i++) {
         uint64_t case_seed = rng_next(&r);
         for (size_t k = 0; k < 3; k++) {
@@ -786,14 +925,9 @@ size_t tovl_conform_backend(tovl_backend *ref, tovl_backend *dut, uint64_t seed,
             if (!res) {
                 return report->failed - failed_before + 1;
             }
-            conform_hook_case(ref, dut, &hook_cases[i], hook_kernels[k], case_seed, res);
-            if (res->skipped) report->skipped++;
-            else if (res->passed) report->passed++;
-            else report->failed++;
-            if (log) {
-                fprintf(log, "conform %-7s %-20s %-26s %s%s%s\n", name, res->kernel, res->case_name,
-                        res->skipped ? "SKIP" : res->passed ? "ok" : "FAIL", res->detail[0] ? ": " : "", res->detail);
-            }
+            conform_hook_case(opt, &hook_cases[i], hook_kernels[k], case_seed, res);
+            count_result(report, res);
+            log_result(opt->log, res);
         }
     }
     for (size_t i = 0; i < ROWDIFF_CASE_COUNT; i++) {
@@ -801,13 +935,15 @@ size_t tovl_conform_backend(tovl_backend *ref, tovl_backend *dut, uint64_t seed,
         if (!res) {
             return report->failed - failed_before + 1;
         }
-        conform_rowdiff_case(ref, dut, &rowdiff_cases[i], rng_next(&r), res);
-        if (res->passed) report->passed++;
-        else report->failed++;
-        if (log) {
-            fprintf(log, "conform %-7s %-20s %-26s %s%s%s\n", name, res->kernel, res->case_name,
-                    res->passed ? "ok" : "FAIL", res->detail[0] ? ": " : "", res->detail);
-        }
+        conform_rowdiff_case(opt, &rowdiff_cases[i], rng_next(&r), res);
+        count_result(report, res);
+        log_result(opt->log, res);
     }
     return report->failed - failed_before;
+}
+
+size_t tovl_conform_backend(tovl_backend *ref, tovl_backend *dut, uint64_t seed, FILE *log,
+                            tovl_conform_report *report) {
+    const tovl_conform_options opt = {.ref = ref, .dut = dut, .seed = seed, .log = log};
+    return tovl_conform_run(&opt, report);
 }

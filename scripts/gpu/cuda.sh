@@ -7,7 +7,8 @@
 #      context, a module from a file, the timing members), test_cuda_graph
 #      (both hooks captured in a CUDA graph, replays bit-identical) and
 #      test_conform_cuda;
-#   3. tovl conform --backend cuda with a fresh seed and two fixed ones;
+#   3. tovl conform --backend cuda with a fresh seed and two fixed ones, and
+#      against the shipped golden file (tests/golden/, a CPU's digests);
 #   4. compute-sanitizer memcheck, racecheck, initcheck and synccheck on the
 #      conformance suite (small tiles) and on test_cuda's GPU-sized batches
 #      (large tiles), each under a time limit;
@@ -55,6 +56,8 @@ done
 for seed in "$fresh_seed" 1 20261129; do
   step "conform-seed-$seed" "$tovl" conform --backend cuda --seed "$seed" --json "$out/conform-$seed.json"
 done
+step conform-golden "$tovl" conform --backend cuda --against tests/golden/conform-seed-1.json \
+  --json "$out/conform-golden.json" --junit "$out/conform-golden.xml"
 
 # 4. Sanitizers. The conformance cases are small (the small lm_head tiles);
 #    test_cuda's batches reach the large tiles. Criterion forks: follow it.
@@ -113,7 +116,7 @@ echo
 echo "=== cuda summary (seed $fresh_seed; logs in $out)"
 echo "machine:    $(cat "$out/gpu.txt")"
 grep -m1 '^cuda' "$out/devices.log" | sed 's/^/device:     /'
-for log in "$out"/conform-seed-*.log; do
+for log in "$out"/conform-seed-*.log "$out"/conform-golden.log; do
   [ -f "$log" ] || continue
   printf 'conform:    %-24s %s\n' "$(basename "$log" .log)" "$(grep -m1 '^conform:' "$log")"
 done

@@ -5,7 +5,9 @@
 # compiled by nvcc through backends/hip/hip_on_cuda.h into test_hip_on_cuda and
 # loaded through the CUDA backend's host code. Runs:
 #   1. test_hip_on_cuda: the whole conformance suite on the HIP port against
-#      the CPU reference, bit for bit, with a fresh seed and two fixed ones;
+#      the CPU reference, bit for bit, with a fresh seed and two fixed ones
+#      (and against the shipped golden file); then tovl conform --cuda-image
+#      on the same cubin against that golden file (tests/golden/);
 #   2. the same under compute-sanitizer memcheck and racecheck (the LDS tree),
 #      each under a time limit (the whole GPU suite is one 10-minute command);
 #   3. the HIP backend itself on that machine: unavailable, with its reason;
@@ -43,6 +45,9 @@ for seed in "$fresh_seed" 1 20261129; do
     summary[${#summary[@]}-1]="FAIL  conform-seed-$seed ran no conformance case"
   fi
 done
+
+step conform-golden "$tovl" conform --cuda-image "$hip_cubin" --against tests/golden/conform-seed-1.json \
+  --json "$out/conform-golden.json" --junit "$out/conform-golden.xml"
 
 # 2. Sanitizers (Criterion forks each test: follow the children). Opening the
 #    HIP port's module probes for the CUDA port's optional globals
@@ -102,6 +107,7 @@ for log in "$out"/conform-seed-*.log; do
   printf 'conform:    %-22s %3d cases ok, %d failed, %d skipped\n' "$(basename "$log" .log)" \
     "$(grep -cE '^conform .* ok$' "$log")" "$(grep -cE '^conform .* FAIL' "$log")" "$(grep -cE '^conform .* SKIP' "$log")"
 done
+echo "golden:     $(grep -m1 '^conform:' "$out/conform-golden.log" 2>/dev/null)"
 echo "hip here:   ${hip_line:-?}"
 if [ -n "$bench_table" ]; then
   echo "bench:      tovl bench --tokens $bench_tokens --seed $fresh_seed, $(date -u +%FT%TZ), commit $(build_commit)"

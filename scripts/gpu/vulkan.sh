@@ -5,7 +5,8 @@
 # carried Khronos validation layer, when present). Runs:
 #   1. the Vulkan CTest tests (conformance bit-exact, wrapped-device hooks),
 #      with the validation layer when it loads here;
-#   2. tovl conform --backend vulkan, without and with the validation layer;
+#   2. tovl conform --backend vulkan, without and with the validation layer,
+#      and against the shipped golden file (tests/golden/, a CPU's digests);
 #   3. `tovl bench` on vulkan and, for the 1.5x comparison, on cuda, at T = 1, 8,
 #      64 and 512 (TOVL_BENCH_ARGS replaces that), with the per-dispatch floor.
 # Logs go to $OUT (default /tmp/tovl-gpu-out/vulkan); a summary prints last.
@@ -44,6 +45,8 @@ else
   step ctest ctest --test-dir "$build" -R '^test_vulkan$' --output-on-failure
 fi
 step conform "$tovl" conform --backend vulkan --seed "$seed"
+step conform-golden "$tovl" conform --backend vulkan --against tests/golden/conform-seed-1.json \
+  --json "$out/conform-golden.json" --junit "$out/conform-golden.xml"
 if [ "$validation" = on ]; then
   step conform-validation env TOVL_VULKAN_VALIDATION=1 "$tovl" conform --backend vulkan --seed "$seed"
   if grep -q 'tovl vulkan validation:' "$out/conform-validation.log"; then
