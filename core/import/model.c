@@ -22,20 +22,24 @@
  * (a Qwen2-VL saved by transformers 5.24) the plain Llama names. */
 typedef struct known_layout {
     const char *family, *embed, *lmhead;
+    /* The lm_head's module path when transformers 5 loads it under another
+     * name than the checkpoint's (GPT-NeoX: embed_out.weight into lm_head),
+     * which is the path PEFT then writes; NULL: the tensor's own. */
+    const char *lmhead_loaded;
 } known_layout;
 
 static const known_layout known_layouts[] = {
     {"llama-style (Llama, Mistral, Qwen, Gemma, Granite, Cohere, ...)", "model.embed_tokens.weight",
-     "lm_head.weight"},
+     "lm_head.weight", NULL},
     {"multimodal, transformers 5 (Qwen2-VL, Gemma 3, LLaVA, Mistral 3, ...)",
-     "model.language_model.embed_tokens.weight", "lm_head.weight"},
+     "model.language_model.embed_tokens.weight", "lm_head.weight", NULL},
     {"multimodal, transformers 4 (LLaVA, Llama 4, Gemma 3, ...)", "language_model.model.embed_tokens.weight",
-     "language_model.lm_head.weight"},
-    {"GPT-NeoX / Pythia", "gpt_neox.embed_in.weight", "embed_out.weight"},
-    {"GPT-2 / GPT-J", "transformer.wte.weight", "lm_head.weight"},
-    {"BLOOM / Falcon", "transformer.word_embeddings.weight", "lm_head.weight"},
-    {"OPT", "model.decoder.embed_tokens.weight", "lm_head.weight"},
-    {"Mamba", "backbone.embeddings.weight", "lm_head.weight"},
+     "language_model.lm_head.weight", NULL},
+    {"GPT-NeoX / Pythia", "gpt_neox.embed_in.weight", "embed_out.weight", "lm_head"},
+    {"GPT-2 / GPT-J", "transformer.wte.weight", "lm_head.weight", NULL},
+    {"BLOOM / Falcon", "transformer.word_embeddings.weight", "lm_head.weight", NULL},
+    {"OPT", "model.decoder.embed_tokens.weight", "lm_head.weight", NULL},
+    {"Mamba", "backbone.embeddings.weight", "lm_head.weight", NULL},
 };
 #define KNOWN_LAYOUTS (sizeof known_layouts / sizeof known_layouts[0])
 
@@ -431,16 +435,19 @@ static tovl_status finish_model(tovl_model *m, const char *config_path, model_co
     }
     /* Module paths as a PEFT adapter names them: the caller's, else the
      * tensors' (a tied lm_head: its family's name). */
-    const char *lm_tensor = lm ? lm->name : "lm_head.weight";
-    for (size_t i = 0; !lm && i < KNOWN_LAYOUTS; i++) {
+    const char *lm_tensor = lm ? lm->name : "lm_head.weight", *lm_loaded = NULL;
+    for (size_t i = 0; i < KNOWN_LAYOUTS; i++) {
         if (strcmp(known_layouts[i].embed, embed->name) == 0) {
-            lm_tensor = known_layouts[i].lmhead;
+            lm_tensor = lm ? lm_tensor : known_layouts[i].lmhead;
+            lm_loaded = known_layouts[i].lmhead_loaded;
         }
     }
     m->names[0] = imp_strdup(embed->name);
     m->names[1] = tied ? NULL : imp_strdup(lm->name);
     m->names[2] = given && given->embed_module ? imp_strdup(given->embed_module) : module_of_tensor(embed->name);
-    m->names[3] = given && given->lmhead_module ? imp_strdup(given->lmhead_module) : module_of_tensor(lm_tensor);
+    m->names[3] = given && given->lmhead_module ? imp_strdup(given->lmhead_module)
+                  : lm_loaded                       ? imp_strdup(lm_loaded)
+                                                    : module_of_tensor(lm_tensor);
     m->layout = imp_strdup(ch->layout);
     m->zero_row = calloc(c->hidden, sizeof(uint16_t));
     if (!m->zero_row || !m->names[0] || (!tied && !m->names[1]) || !m->names[2] || !m->names[3] || !m->layout) {
