@@ -743,6 +743,30 @@ tovl_status tovl_model_open(const char *dir, uint32_t padded_vocab, tovl_model *
     return tovl_model_open_named(dir, padded_vocab, NULL, out);
 }
 
+tovl_status tovl_model_set_modules(tovl_model *m, const char *embed_module, const char *lmhead_module) {
+    if (!m || (embed_module && !embed_module[0]) || (lmhead_module && !lmhead_module[0])) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "tovl_model_set_modules: NULL model or an empty module path");
+    }
+    const char *given[2] = {embed_module, lmhead_module};
+    char *copies[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        if (given[i] && !(copies[i] = imp_strdup(given[i]))) {
+            free(copies[0]);
+            return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "tovl_model_set_modules: out of memory");
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (copies[i]) {
+            free(m->names[2 + i]);
+            m->names[2 + i] = copies[i];
+        }
+    }
+    m->info.embed_module = m->names[2];
+    m->info.lmhead_module = m->names[3];
+    tovl_clear_error();
+    return TOVL_OK;
+}
+
 const tovl_model_info *tovl_model_get_info(const tovl_model *model) {
     return model ? &model->info : NULL;
 }

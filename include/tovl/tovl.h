@@ -483,6 +483,10 @@ TOVL_API tovl_status tovl_model_open(const char *dir, uint32_t padded_vocab, tov
 TOVL_API tovl_status tovl_model_open_named(const char *dir, uint32_t padded_vocab, const tovl_model_names *names,
                                            tovl_model **out);
 TOVL_API void tovl_model_close(tovl_model *model);
+/* The loaded model's module paths, for adapters resolved from now on (what
+ * tovl.hf.attach finds through get_input_embeddings()); NULL keeps one. The
+ * checkpoint tensors' own paths stay accepted. */
+TOVL_API tovl_status tovl_model_set_modules(tovl_model *model, const char *embed_module, const char *lmhead_module);
 TOVL_API const tovl_model_info *tovl_model_get_info(const tovl_model *model);
 /* Base rows, bf16 [hidden]; NULL when id >= vocab. Tied: lmhead == embed. */
 TOVL_API const uint16_t *tovl_model_embed_row(const tovl_model *model, uint32_t id);
