@@ -926,6 +926,13 @@ Test(model_layouts, known_families_and_nesting) {
     cr_assert_eq(open_model("vl", &m), TOVL_OK, "%s", tovl_last_error());
     cr_expect(tovl_model_get_info(m)->tied, "transformers 5: text_config's tie_word_embeddings true ties");
     tovl_model_close(m);
+    make_layout("vl5", "{\"text_config\": {\"vocab_size\": 97, \"hidden_size\": 20}}",
+                NAMES("model.language_model.embed_tokens.weight", "lm_head.weight", "model.visual.embeddings.weight"),
+                (const uint64_t[]){V, V, 16});
+    cr_assert_eq(open_model("vl5", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_str_eq(tovl_model_get_info(m)->embed_tensor, "model.language_model.embed_tokens.weight");
+    cr_expect(!tovl_model_get_info(m)->tied);
+    tovl_model_close(m);
 }
 
 Test(model_layouts, fallback_takes_the_one_embedding_like_tensor) {
