@@ -994,6 +994,10 @@ Test(model_layouts, caller_names_the_tensors) {
     expect_error(open_named("u", "pos.weight", "decoder.proj.weight", &m), TOVL_ERR_SHAPE_MISMATCH,
                  NAMES("'pos.weight'", "shape [64, 20]", "vocab_size 97"), "wrong shape");
     expect_error(open_named("u", "", NULL, &m), TOVL_ERR_INVALID_ARGUMENT, NAMES("embed_tensor", "empty"), "empty");
+    cr_assert_eq(open_named("u", "encoder.tokens.weight", "encoder.tokens.weight", &m), TOVL_OK, "%s",
+                 tovl_last_error());
+    cr_expect(tovl_model_get_info(m)->tied, "the caller's tie wins over tie_word_embeddings false");
+    tovl_model_close(m);
     make_layout("t", CONFIG_TIED, NAMES("encoder.tokens.weight", "decoder.proj.weight"), (const uint64_t[]){V, V});
     expect_error(open_named("t", "encoder.tokens.weight", "decoder.proj.weight", &m), TOVL_ERR_FORMAT,
                  NAMES("'decoder.proj.weight'", "tie_word_embeddings true"), "lm_head named, config tied");

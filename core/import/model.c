@@ -308,6 +308,7 @@ static char *module_of_tensor(const char *tensor) {
 typedef struct chosen {
     const char *embed, *lmhead; /* lmhead NULL: none in the checkpoint (tied) */
     const char *layout;
+    bool tied_by_caller; /* the caller named the embedding as the lm_head */
 } chosen;
 
 static tovl_status choose_tensors(const name_list *l, const model_config *c, const char *config_path,
@@ -338,7 +339,8 @@ static tovl_status choose_tensors(const name_list *l, const model_config *c, con
                               "tie_word_embeddings true (the lm_head is the embedding)", l->where, lm_given,
                               config_path);
         }
-        out->lmhead = strcmp(lm_given, out->embed) == 0 ? NULL : lm_given;
+        out->tied_by_caller = strcmp(lm_given, out->embed) == 0;
+        out->lmhead = out->tied_by_caller ? NULL : lm_given;
         out->layout = "tensors named by the caller";
         return TOVL_OK;
     }
@@ -418,7 +420,10 @@ static tovl_status finish_model(tovl_model *m, const char *config_path, model_co
     if (st != TOVL_OK) {
         return st;
     }
-    bool tied = c->tie >= 0 ? c->tie == 1 : lm == NULL;
+    bool tied = ch->tied_by_caller || (c->tie >= 0 ? c->tie == 1 : lm == NULL);
+    if (!tied && !lm) {
+        return tovl_error(TOVL_ERR_INTERNAL, "%s: untied but no lm_head tensor chosen", config_path);
+    }
     if (padded_vocab != 0 && padded_vocab < c->vocab) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "%s: padded vocab %u is below vocab_size %u", config_path,
                           padded_vocab, c->vocab);
