@@ -315,7 +315,8 @@ Test(model_bad, sharded_index) {
 static float delta[64 * H];
 
 /* An adapter with trainable tokens: config text `tti` (JSON) and one delta
- * tensor of `rows` rows for `module` (embed_tokens or lm_head; NULL: none). */
+ * tensor of `rows` rows for `module` (embed_tokens or lm_head, Llama's paths;
+ * another name is the module path itself; NULL: none). */
 static void make_tt_adapter(const char *dir, const char *tti, const char *module, uint32_t rows, uint32_t width,
                             const char *dtype) {
     mkdir_p(dir);
@@ -330,7 +331,7 @@ static void make_tt_adapter(const char *dir, const char *tti, const char *module
     }
     uint64_t shape[2] = {rows, width}, lshape[2] = {2, width};
     snprintf(name, sizeof name, "base_model.model.%s.token_adapter.trainable_tokens_delta",
-             module && strcmp(module, "lm_head") == 0 ? "lm_head" : "model.embed_tokens");
+             !module || strcmp(module, "embed_tokens") == 0 ? "model.embed_tokens" : module);
     tovl_tensor t[2] = {{.name = name, .dtype = dtype, .ndim = 2, .shape = shape, .data = delta},
                         {.name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = "F32",
                          .ndim = 2, .shape = lshape, .data = delta}};
@@ -1046,4 +1047,32 @@ Test(model_layouts, adapter_of_another_family) {
     tovl_model_close(m);
     cli_fails("inspect " TOVL_FAMILY_FIXTURES "/gpt_neox_untied_lora_tt/adapter --base " TOVL_FAMILY_FIXTURES
               "/bases/falcon_untied", NAMES("'gpt_neox.embed_in'", "'transformer.word_embeddings'"));
+}
+
+/* transformers 4 named GPT-NeoX's lm_head module embed_out, as its checkpoint does. */
+Test(model_layouts, keys_are_the_modules_own_names) {
+    make_layout("neox", "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": false}",
+                NAMES("gpt_neox.embed_in.weight", "embed_out.weight"), (const uint64_t[]){V, V});
+    make_model("llama", false, NULL);
+    make_tt_adapter("a", "{\"embed_out\": [3, 7]}", "embed_out", 2, H, "F32");
+    tovl_model *m;
+    tovl_adapter *a;
+    cr_assert_eq(tovl_model_open(P("neox"), 0, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(P("a"), &a), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_eq(tovl_adapter_get_info(a)->sources[0].module, TOVL_MODULE_LMHEAD);
+    cr_expect_str_eq(tovl_adapter_get_info(a)->sources[0].module_path, "embed_out");
+    tu_wrap *w;
+    tovl_backend *be = tu_wrap_cpu(&w);
+    cr_assert(be);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_adapter_rows *rows;
+    cr_assert_eq(tovl_adapter_resolve(be, &k, a, m, &rows), TOVL_OK, "%s", tovl_last_error());
+    const tovl_overlay_desc *d = &tovl_adapter_rows_get_info(rows)->desc;
+    cr_expect(d->has_lmhead && d->lmhead.count == 2 && d->lmhead.ids[0] == 3 && d->lmhead.ids[1] == 7);
+    tovl_adapter_rows_free(rows);
+    tovl_model_close(m);
+    tovl_adapter_close(a);
+    tovl_backend_close(be);
+    resolve_fails("llama", 0, "a", TOVL_ERR_VOCAB_MISMATCH, NAMES("'embed_out'", "'lm_head'", "another model family"),
+                  "GPT-NeoX key on a Llama base");
 }
