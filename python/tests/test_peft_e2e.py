@@ -126,8 +126,11 @@ def hook_counts(model) -> list[int]:
 # the checks
 # ---------------------------------------------------------------------------------------
 def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int, label: str,
-              arch: str = "llama") -> list[str]:
-    """Every check of the module docstring on one batch; returns the report lines."""
+              arch: str = "llama", batch_invariant: bool = True) -> list[str]:
+    """Every check of the module docstring on one batch; returns the report lines.
+    `batch_invariant` False: the base model itself computes a batch and a row alone
+    differently on the CPU too (transformers' reference Mamba scan), so the hidden states
+    are reported, not asserted, as on CUDA."""
     import tovl.hf
 
     dev = torch.device(device)
@@ -183,7 +186,7 @@ def run_batch(rows: list[Row], tied: bool, device: str, pool, padded_vocab: int,
         assert torch.equal(post_embed.outputs[0][b], ref_embed), f"row {b} ({name}): embeddings differ from PEFT's"
         # 2. the final hidden states against the request run alone by its own model
         same_hidden = torch.equal(ref_cap.inputs[0][0], hidden[b])
-        if device == "cpu":
+        if device == "cpu" and batch_invariant:
             assert same_hidden, f"row {b} ({name}): final hidden states differ from the request run alone"
         # 3. logits: overridden cells within the tolerance, every other cell the base projection
         cells = overridden.get(r.slot, torch.empty(0, dtype=torch.long)).to(dev)
@@ -319,7 +322,8 @@ def test_family_mixed_batch(arch, workdir):
     rows = [Row(s, slots.get(s), make_prompt(slots.get(s), g)) for s in (0, -1, 1, 2, 0)]
     pool = open_pool(pc.save_base(tied, workdir, SEED, arch=arch), "cpu", 0, slots)
     with pool:
-        run_batch(rows, tied, "cpu", pool, 0, f"{arch} {'tied' if tied else 'untied'}", arch=arch)
+        run_batch(rows, tied, "cpu", pool, 0, f"{arch} {'tied' if tied else 'untied'}", arch=arch,
+                  batch_invariant=arch != "mamba")
 
 
 def test_multimodal_batch_with_image_tokens(workdir):
