@@ -31,6 +31,7 @@ TestSuite(model_bad, .init = import_scratch_setup, .fini = import_scratch_teardo
 TestSuite(adapter_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
 TestSuite(resolve_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
 TestSuite(cli_bad, .init = import_scratch_setup, .fini = import_scratch_teardown);
+TestSuite(model_layouts, .init = import_scratch_setup, .fini = import_scratch_teardown);
 
 static void mkdir_p(const char *rel) {
     cr_assert(mkdir(P(rel), 0755) == 0 || errno == EEXIST, "mkdir %s", rel);
@@ -230,8 +231,16 @@ Test(model_bad, config_fields) {
     make_model("m", false, NULL);
     write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20");
     expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "JSON"), "config not JSON");
-    write_text("m/config.json", "{\"hidden_size\": 20}");
-    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'vocab_size'", "missing"), "no vocab");
+    /* A field config.json lacks is the embedding's (transformers sized it so). */
+    write_text("m/config.json", "{\"hidden_size\": 20, \"tie_word_embeddings\": false}");
+    cr_assert_eq(open_model("m", &m), TOVL_OK, "no vocab_size: %s", tovl_last_error());
+    cr_expect_eq(tovl_model_get_info(m)->config_vocab, V);
+    tovl_model_close(m);
+    write_text("m/config.json", "{\"text_config\": {\"vocab_size\": 97, \"hidden_size\": 20.5}}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'text_config.hidden_size'"),
+                 "nested hidden 20.5");
+    write_text("m/config.json", "{\"vocab_size\": 97, \"text_config\": 3}");
+    expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'text_config'"), "text_config a number");
     write_text("m/config.json", "{\"vocab_size\": 97, \"hidden_size\": 20.5}");
     expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("config.json", "'hidden_size'"), "hidden 20.5");
     write_text("m/config.json", "{\"vocab_size\": -97, \"hidden_size\": 20}");
@@ -279,11 +288,13 @@ Test(model_bad, sharded_index) {
     tovl_model *m;
     make_model("m", false, NULL);
     remove(P("m/model.safetensors"));
-    write_text("m/model.safetensors.index.json", "{\"weight_map\": {\"model.embed_tokens.weight\": \"../evil\"}}");
+    write_text("m/model.safetensors.index.json", "{\"weight_map\": {\"model.embed_tokens.weight\": \"../evil\","
+               " \"lm_head.weight\": \"shard-1.safetensors\"}}");
     expect_error(open_model("m", &m), TOVL_ERR_FORMAT,
                  NAMES("model.safetensors.index.json", "model.embed_tokens.weight", "not a file name"), "path escape");
     write_text("m/model.safetensors.index.json",
-               "{\"weight_map\": {\"model.embed_tokens.weight\": \"shard-1.safetensors\"}}");
+               "{\"weight_map\": {\"model.embed_tokens.weight\": \"shard-1.safetensors\","
+               " \"lm_head.weight\": \"shard-1.safetensors\"}}");
     expect_error(open_model("m", &m), TOVL_ERR_IO, NAMES("shard-1.safetensors"), "missing shard");
     write_text("m/model.safetensors.index.json", "{\"weight_map\": [1]}");
     expect_error(open_model("m", &m), TOVL_ERR_FORMAT, NAMES("model.safetensors.index.json", "'weight_map'"),
@@ -304,7 +315,8 @@ Test(model_bad, sharded_index) {
 static float delta[64 * H];
 
 /* An adapter with trainable tokens: config text `tti` (JSON) and one delta
- * tensor of `rows` rows for `module` (embed_tokens or lm_head; NULL: none). */
+ * tensor of `rows` rows for `module` (embed_tokens or lm_head, Llama's paths;
+ * another name is the module path itself; NULL: none). */
 static void make_tt_adapter(const char *dir, const char *tti, const char *module, uint32_t rows, uint32_t width,
                             const char *dtype) {
     mkdir_p(dir);
@@ -319,7 +331,7 @@ static void make_tt_adapter(const char *dir, const char *tti, const char *module
     }
     uint64_t shape[2] = {rows, width}, lshape[2] = {2, width};
     snprintf(name, sizeof name, "base_model.model.%s.token_adapter.trainable_tokens_delta",
-             module && strcmp(module, "lm_head") == 0 ? "lm_head" : "model.embed_tokens");
+             !module || strcmp(module, "embed_tokens") == 0 ? "model.embed_tokens" : module);
     tovl_tensor t[2] = {{.name = name, .dtype = dtype, .ndim = 2, .shape = shape, .data = delta},
                         {.name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", .dtype = "F32",
                          .ndim = 2, .shape = lshape, .data = delta}};
@@ -484,9 +496,9 @@ Test(adapter_bad, method_config_fields) {
     make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": \".*embed_tokens\"", 2, embed);
     expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
                  NAMES("adapter_config.json", "'target_modules'", ".*embed_tokens", "regular expression"), "regex");
-    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\", \"wte\"]", 2,
+    make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": [\"embed_tokens\", \"v_proj\"]", 2,
                         embed);
-    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED, NAMES("adapter_config.json", "'target_modules'", "'wte'"),
+    expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED, NAMES("adapter_config.json", "'target_modules'", "'v_proj'"),
                  "other module");
     make_method_adapter("a", "\"token_indices\": [1, 5], \"target_modules\": []", 2, embed);
     expect_error(open_adapter("a", &a), TOVL_ERR_FORMAT, NAMES("adapter_config.json", "'target_modules'"), "no module");
@@ -516,7 +528,7 @@ Test(adapter_bad, method_tensors_against_config) {
                  "a LoRA tensor name");
     make_method_adapter("a", ids, 2, NAMES(METHOD_EMBED, "model.layers.0.self_attn.q_proj.trainable_tokens_delta"));
     expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
-                 NAMES("adapter_model.safetensors", "q_proj.trainable_tokens_delta", "not embed_tokens or lm_head"),
+                 NAMES("adapter_model.safetensors", "q_proj.trainable_tokens_delta", "not an input embedding or an lm_head"),
                  "tokens on q_proj");
     make_method_adapter("a", ids, 2, NAMES(METHOD_EMBED, METHOD_LM, "lm_head.base_layer.trainable_tokens_delta"));
     expect_error(open_adapter("a", &a), TOVL_ERR_UNSUPPORTED,
@@ -850,4 +862,217 @@ Test(cli_bad, inspect) {
     cli_fails("inspect nowhere", NAMES("nowhere"));
     write_text("a/adapter_config.json", "{");
     cli_fails("inspect a --json", NAMES("adapter_config.json", "JSON"));
+}
+
+/* ---- other families' layouts, the fallback, the caller's names ------------ */
+
+/* A model folder whose model.safetensors holds tensors `names` (NULL-ended),
+ * each [rows[i], H] of random bf16; config.json is `config`. */
+static void make_layout(const char *dir, const char *config, const char *const *names, const uint64_t *rows) {
+    mkdir_p(dir);
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/config.json", dir);
+    write_text(rel, config);
+    tu_rng r = tu_rng_for(config);
+    tu_fill_bf16(&r, rows_a, V * H);
+    tovl_tensor t[8];
+    uint64_t shapes[8][2];
+    size_t n = 0;
+    for (; names[n]; n++) {
+        cr_assert(n < 8 && rows[n] <= V);
+        shapes[n][0] = rows[n];
+        shapes[n][1] = H;
+        t[n] = (tovl_tensor){.name = names[n], .dtype = "BF16", .ndim = 2, .shape = shapes[n], .data = rows_a};
+    }
+    snprintf(rel, sizeof rel, "%s/model.safetensors", dir);
+    cr_assert_eq(tovl_safetensors_write(P(rel), t, n, NULL, 0), TOVL_OK, "%s", tovl_last_error());
+}
+
+static tovl_status open_named(const char *dir, const char *embed, const char *lm, tovl_model **m) {
+    tovl_model_names names = {.embed_tensor = embed, .lmhead_tensor = lm};
+    *m = (tovl_model *)(uintptr_t)1;
+    tovl_status st = tovl_model_open_named(P(dir), 0, &names, m);
+    if (st != TOVL_OK) {
+        cr_expect_null(*m, "model out not reset to NULL");
+    }
+    return st;
+}
+
+#define CONFIG_TIED "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": true}"
+#define CONFIG_UNTIED "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": false}"
+
+Test(model_layouts, known_families_and_nesting) {
+    const uint64_t rows[] = {V, V, 64};
+    tovl_model *m;
+    make_layout("neox", "{\"vocab_size\": 97, \"hidden_size\": 20}",
+                NAMES("gpt_neox.embed_in.weight", "embed_out.weight"), rows);
+    cr_assert_eq(open_model("neox", &m), TOVL_OK, "%s", tovl_last_error());
+    const tovl_model_info *mi = tovl_model_get_info(m);
+    cr_expect(!mi->tied && mi->tied_inferred);
+    cr_expect_str_eq(mi->embed_tensor, "gpt_neox.embed_in.weight");
+    cr_expect_str_eq(mi->lmhead_tensor, "embed_out.weight");
+    cr_expect_str_eq(mi->embed_module, "gpt_neox.embed_in");
+    cr_expect_str_eq(mi->lmhead_module, "lm_head", "transformers 5 loads embed_out.weight into lm_head");
+    tovl_model_close(m);
+    /* GPT-2 names its width n_embd; a multimodal config nests the text model's fields. */
+    make_layout("gpt2", "{\"vocab_size\": 97, \"n_embd\": 20}", NAMES("transformer.wte.weight", "transformer.wpe.weight"),
+                (const uint64_t[]){V, 64});
+    cr_assert_eq(open_model("gpt2", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect(tovl_model_get_info(m)->tied && tovl_model_get_info(m)->hidden == H);
+    cr_expect_str_eq(tovl_model_get_info(m)->lmhead_module, "lm_head");
+    tovl_model_close(m);
+    make_layout("vl", "{\"tie_word_embeddings\": false, \"text_config\": {\"vocab_size\": 97, \"hidden_size\": 20, "
+                "\"tie_word_embeddings\": true}}", NAMES("language_model.model.embed_tokens.weight",
+                "language_model.lm_head.weight"), rows);
+    cr_assert_eq(open_model("vl", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect(tovl_model_get_info(m)->tied, "transformers 5: text_config's tie_word_embeddings true ties");
+    tovl_model_close(m);
+    make_layout("vl5", "{\"text_config\": {\"vocab_size\": 97, \"hidden_size\": 20}}",
+                NAMES("model.language_model.embed_tokens.weight", "lm_head.weight", "model.visual.embeddings.weight"),
+                (const uint64_t[]){V, V, 16});
+    cr_assert_eq(open_model("vl5", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_str_eq(tovl_model_get_info(m)->embed_tensor, "model.language_model.embed_tokens.weight");
+    cr_expect(!tovl_model_get_info(m)->tied);
+    tovl_model_close(m);
+}
+
+Test(model_layouts, fallback_takes_the_one_embedding_like_tensor) {
+    tovl_model *m;
+    /* tok_embeddings is not a known layout; the position table has the wrong shape. */
+    make_layout("f", CONFIG_TIED, NAMES("net.tok_embeddings.weight", "net.pos.embeddings.weight"),
+                (const uint64_t[]){V, 64});
+    cr_assert_eq(open_model("f", &m), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_str_eq(tovl_model_get_info(m)->embed_tensor, "net.tok_embeddings.weight");
+    cr_expect(strstr(tovl_model_get_info(m)->layout, "not a known layout") != NULL);
+    tovl_model_close(m);
+}
+
+Test(model_layouts, never_guesses) {
+    tovl_model *m;
+    make_layout("two", CONFIG_TIED, NAMES("model.embed_tokens.weight", "transformer.wte.weight"),
+                (const uint64_t[]){V, V});
+    expect_error(open_model("two", &m), TOVL_ERR_FORMAT,
+                 NAMES("model.safetensors", "two candidate", "'model.embed_tokens.weight'", "'transformer.wte.weight'",
+                       "--embed-tensor"), "two known layouts");
+    make_layout("two", CONFIG_TIED, NAMES("a.embeddings.weight", "b.tok_embeddings.weight"), (const uint64_t[]){V, V});
+    expect_error(open_model("two", &m), TOVL_ERR_FORMAT,
+                 NAMES("two candidate", "'a.embeddings.weight'", "'b.tok_embeddings.weight'"), "two fallbacks");
+    make_layout("two", CONFIG_UNTIED, NAMES("model.embed_tokens.weight", "lm_head.weight", "embed_out.weight"),
+                (const uint64_t[]){V, V, V});
+    expect_error(open_model("two", &m), TOVL_ERR_FORMAT,
+                 NAMES("two candidate lm_head", "'lm_head.weight'", "'embed_out.weight'", "--lmhead-tensor"),
+                 "two lm_heads");
+    make_layout("unknown", CONFIG_TIED, NAMES("encoder.tokens.weight", "decoder.proj.weight"),
+                (const uint64_t[]){V, V});
+    expect_error(open_model("unknown", &m), TOVL_ERR_FORMAT,
+                 NAMES("model.safetensors", "no input embedding", "'model.embed_tokens.weight'",
+                       "'gpt_neox.embed_in.weight'", "'backbone.embeddings.weight'", "--embed-tensor"),
+                 "unknown layout");
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    cli_fails("inspect a --base unknown", NAMES("no input embedding"));
+    make_layout("noout", CONFIG_UNTIED, NAMES("transformer.wte.weight", "head.weight"), (const uint64_t[]){V, V});
+    expect_error(open_model("noout", &m), TOVL_ERR_FORMAT,
+                 NAMES("lm_head tensor is missing", "'embed_out.weight'", "tie_word_embeddings false",
+                       "--lmhead-tensor"), "untied, lm_head unknown");
+}
+
+Test(model_layouts, caller_names_the_tensors) {
+    tovl_model *m;
+    make_layout("u", CONFIG_UNTIED, NAMES("encoder.tokens.weight", "decoder.proj.weight", "pos.weight"),
+                (const uint64_t[]){V, V, 64});
+    cr_assert_eq(open_named("u", "encoder.tokens.weight", "decoder.proj.weight", &m), TOVL_OK, "%s",
+                 tovl_last_error());
+    const tovl_model_info *mi = tovl_model_get_info(m);
+    cr_expect(!mi->tied);
+    cr_expect_str_eq(mi->embed_module, "encoder.tokens");
+    cr_expect_str_eq(mi->lmhead_module, "decoder.proj");
+    cr_expect_str_eq(mi->layout, "tensors named by the caller");
+    tovl_model_close(m);
+    expect_error(open_named("u", "encoder.token.weight", "decoder.proj.weight", &m), TOVL_ERR_FORMAT,
+                 NAMES("model.safetensors", "'encoder.token.weight'", "input embedding", "not there"), "missing");
+    expect_error(open_named("u", "encoder.tokens.weight", "decoder.projection", &m), TOVL_ERR_FORMAT,
+                 NAMES("'decoder.projection'", "lm_head", "not there"), "missing lm_head");
+    expect_error(open_named("u", "pos.weight", "decoder.proj.weight", &m), TOVL_ERR_SHAPE_MISMATCH,
+                 NAMES("'pos.weight'", "shape [64, 20]", "vocab_size 97"), "wrong shape");
+    expect_error(open_named("u", "", NULL, &m), TOVL_ERR_INVALID_ARGUMENT, NAMES("embed_tensor", "empty"), "empty");
+    cr_assert_eq(open_named("u", "encoder.tokens.weight", "encoder.tokens.weight", &m), TOVL_OK, "%s",
+                 tovl_last_error());
+    cr_expect(tovl_model_get_info(m)->tied, "the caller's tie wins over tie_word_embeddings false");
+    tovl_model_close(m);
+    make_layout("t", CONFIG_TIED, NAMES("encoder.tokens.weight", "decoder.proj.weight"), (const uint64_t[]){V, V});
+    expect_error(open_named("t", "encoder.tokens.weight", "decoder.proj.weight", &m), TOVL_ERR_FORMAT,
+                 NAMES("'decoder.proj.weight'", "tie_word_embeddings true"), "lm_head named, config tied");
+    cr_assert_eq(open_named("t", "encoder.tokens.weight", "encoder.tokens.weight", &m), TOVL_OK, "%s",
+                 tovl_last_error());
+    cr_expect(tovl_model_get_info(m)->tied, "an lm_head equal to the embedding is tied");
+    tovl_model_close(m);
+    char err[4096];
+    make_tt_adapter("a", "[1, 5]", "embed_tokens", 2, H, "F32");
+    cli_fails("inspect a --base u --embed-tensor pos.weight --lmhead-tensor decoder.proj.weight",
+              NAMES("'pos.weight'", "shape [64, 20]"));
+    cli_fails("inspect a --base u --embed-tensor nope", NAMES("'nope'", "not there"));
+    cli_fails("inspect a --embed-tensor encoder.tokens.weight", NAMES("--base"));
+    make_batch("b.safetensors", 8, 5, 0, true, H, "I32");
+    cli_fails("run --base u --adapter a --batch b.safetensors --out o.safetensors --embed-tensor "
+              "encoder.tokens.weight --lmhead-tensor nope.weight", NAMES("'nope.weight'", "not there"));
+    cr_expect(access(P("o.safetensors"), F_OK) != 0, "an output file was written after a failure");
+    /* vLLM's rows name no module, so they serve under any layout. */
+    mkdir_p("v");
+    uint64_t one[2] = {1, H};
+    tovl_tensor extra = {.name = "input_embeddings", .dtype = "BF16", .ndim = 2, .shape = one, .data = rows_a};
+    cr_assert_eq(tovl_safetensors_write(P("v/new_embeddings.safetensors"), &extra, 1, NULL, 0), TOVL_OK);
+    cr_expect_eq(cli("run --base u --adapter v --vocab 98 --batch b.safetensors --out o.safetensors --embed-tensor "
+                     "encoder.tokens.weight --lmhead-tensor decoder.proj.weight", err, sizeof err), 0, "%s", err);
+}
+
+/* An adapter made on another family names modules the base does not have. */
+Test(model_layouts, adapter_of_another_family) {
+    tovl_model *m;
+    tovl_adapter *a;
+    cr_assert_eq(tovl_model_open(TOVL_FAMILY_FIXTURES "/bases/opt_tied", 0, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(TOVL_FAMILY_FIXTURES "/gpt2_tied_method/adapter", &a), TOVL_OK, "%s",
+                 tovl_last_error());
+    tu_wrap *w;
+    tovl_backend *be = tu_wrap_cpu(&w);
+    cr_assert(be);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_adapter_rows *rows = (tovl_adapter_rows *)(uintptr_t)1;
+    expect_error(tovl_adapter_resolve(be, &k, a, m, &rows), TOVL_ERR_VOCAB_MISMATCH,
+                 NAMES("transformer.wte.trainable_tokens_delta", "'transformer.wte'", "'model.decoder.embed_tokens'",
+                       "another model family"), "GPT-2 adapter on OPT");
+    cr_expect_null(rows);
+    cr_expect_eq(tu_live(w), 0, "%ld device allocations leaked", tu_live(w));
+    tovl_backend_close(be);
+    tovl_adapter_close(a);
+    tovl_model_close(m);
+    cli_fails("inspect " TOVL_FAMILY_FIXTURES "/gpt_neox_untied_lora_tt/adapter --base " TOVL_FAMILY_FIXTURES
+              "/bases/falcon_untied", NAMES("'gpt_neox.embed_in'", "'transformer.word_embeddings'"));
+}
+
+/* transformers 4 named GPT-NeoX's lm_head module embed_out, as its checkpoint does. */
+Test(model_layouts, keys_are_the_modules_own_names) {
+    make_layout("neox", "{\"vocab_size\": 97, \"hidden_size\": 20, \"tie_word_embeddings\": false}",
+                NAMES("gpt_neox.embed_in.weight", "embed_out.weight"), (const uint64_t[]){V, V});
+    make_model("llama", false, NULL);
+    make_tt_adapter("a", "{\"embed_out\": [3, 7]}", "embed_out", 2, H, "F32");
+    tovl_model *m;
+    tovl_adapter *a;
+    cr_assert_eq(tovl_model_open(P("neox"), 0, &m), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_adapter_open(P("a"), &a), TOVL_OK, "%s", tovl_last_error());
+    cr_expect_eq(tovl_adapter_get_info(a)->sources[0].module, TOVL_MODULE_LMHEAD);
+    cr_expect_str_eq(tovl_adapter_get_info(a)->sources[0].module_path, "embed_out");
+    tu_wrap *w;
+    tovl_backend *be = tu_wrap_cpu(&w);
+    cr_assert(be);
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
+    tovl_adapter_rows *rows;
+    cr_assert_eq(tovl_adapter_resolve(be, &k, a, m, &rows), TOVL_OK, "%s", tovl_last_error());
+    const tovl_overlay_desc *d = &tovl_adapter_rows_get_info(rows)->desc;
+    cr_expect(d->has_lmhead && d->lmhead.count == 2 && d->lmhead.ids[0] == 3 && d->lmhead.ids[1] == 7);
+    tovl_adapter_rows_free(rows);
+    tovl_model_close(m);
+    tovl_adapter_close(a);
+    tovl_backend_close(be);
+    resolve_fails("llama", 0, "a", TOVL_ERR_VOCAB_MISMATCH, NAMES("'embed_out'", "'lm_head'", "another model family"),
+                  "GPT-NeoX key on a Llama base");
 }

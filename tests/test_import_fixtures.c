@@ -5,7 +5,10 @@
  * real PEFT: every tied/untied format case) and of tests/fixtures/peft_tokens
  * (made by tests/fixtures/make_token_fixtures.py: PEFT's standalone Trainable
  * Tokens method, and trainable ids on added tokens served from the padded
- * tail of the vocabulary) runs on the CPU backend and, when present, on
+ * tail of the vocabulary) and of tests/fixtures/peft_families (made by
+ * make_family_fixtures.py: GPT-NeoX, GPT-2, OPT, Falcon, BLOOM, Mamba,
+ * Granite, Cohere, Gemma 3, Qwen2-VL, LLaVA checkpoints as transformers
+ * writes them) runs on the CPU backend and, when present, on
  * Vulkan, CUDA and HIP:
  *   - embed equals PEFT's bit for bit;
  *   - patched logits cells are within one bf16 unit of PEFT's logits_bf16;
@@ -34,7 +37,7 @@
 #endif
 
 #define PATH_MAX_LEN 1024
-#define MAX_CASES 64
+#define MAX_CASES 128
 #define GUARD 16            /* poisoned elements before and after every output */
 #define POISON32 0x7FA17FA1u
 #define POISON16 0x7FA1u
@@ -116,10 +119,12 @@ static size_t tsv_cases(const char *root, const char *prefix, fx_case *out, size
     return n;
 }
 
-/* The committed fixtures: tests/fixtures/peft_extra and peft_tokens. */
+/* The committed fixtures: tests/fixtures/peft_extra, peft_tokens and
+ * peft_families (the other families' checkpoints and module paths). */
 static size_t extra_cases(fx_case *out) {
     size_t n = tsv_cases(TOVL_EXTRA_FIXTURES, "extra", out, 0);
-    return tsv_cases(TOVL_TOKEN_FIXTURES, "tokens", out, n);
+    n = tsv_cases(TOVL_TOKEN_FIXTURES, "tokens", out, n);
+    return tsv_cases(TOVL_FAMILY_FIXTURES, "families", out, n);
 }
 
 /* ---- one case's data and checks ------------------------------------------ */
@@ -202,6 +207,7 @@ static bool has_id(const tovl_overlay_rows *p, uint32_t id) {
 
 typedef struct counts {
     size_t embed_rows_patched, logits_cells_patched, logits_cells_changed;
+    uint32_t max_patched_units; /* the farthest patched cell from PEFT's, in bf16 units */
 } counts;
 
 /* embed: bit-exact against PEFT; rows whose id the overlay has count as patched. */
@@ -249,6 +255,9 @@ static void check_logits(const char *what, const expected *e, const void *got, u
             if (patched[v]) {
                 n->logits_cells_patched++;
                 n->logits_cells_changed += !same_as_base;
+                if (bf16_units(mine16, peft) > n->max_patched_units) {
+                    n->max_patched_units = bf16_units(mine16, peft);
+                }
                 if (bf16_units(mine16, peft) > 1) {
                     cr_expect_fail("%s: patched logits[%u][%u]: %g, PEFT %g (%u bf16 units apart)", what, t, v,
                             (double)tovl_bf16_to_f32(mine16), (double)tovl_bf16_to_f32(peft),
@@ -395,6 +404,12 @@ static void run_lib_case(tovl_backend *be, const tovl_overlay_kernels *k, const 
     }
     /* Not vacuous: the case exercises the overlay. */
     cr_expect_gt(n.embed_rows_patched + n.logits_cells_changed, 0, "%s: nothing was patched", what);
+    /* The family fixtures' hidden size (24) keeps every f32 dot exact enough
+     * that PEFT's bf16 cell and tovl's agree to the bit. */
+    if (strncmp(c->label, "families/", 9) == 0) {
+        cr_expect_eq(n.max_patched_units, 0, "%s: a patched cell is %u bf16 units from PEFT's", what,
+                     n.max_patched_units);
+    }
     if (lm_part(d) && lm_part(d)->count) {
         cr_expect_gt(n.logits_cells_changed, 0, "%s: lm_head rows exist but no logits cell changed", what);
     }

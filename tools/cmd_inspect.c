@@ -19,8 +19,12 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl inspect ADAPTER_DIR [--base MODEL_DIR] [--vocab N] [--backend NAME] [--tp N] [--json]\n"
+               "                    [--embed-tensor NAME] [--lmhead-tensor NAME]\n"
                "  --base MODEL_DIR  resolve against this base model: overlaid ids, tied handling, sizes\n"
                "  --vocab N         the engine's padded vocab (default: config.json vocab_size)\n"
+               "  --embed-tensor NAME, --lmhead-tensor NAME\n"
+               "                    the base's input embedding and lm_head tensors, where the family's names do\n"
+               "                    not find them (an lm_head equal to the embedding: tied)\n"
                "  --backend NAME    where full matrices are compared with the base (default cpu)\n"
                "  --tp N            lm_head cells per shard of N tensor-parallel ranks (needs --base)\n"
                "  --json            machine-readable output\n");
@@ -130,6 +134,8 @@ static void print_text(const tovl_adapter_info *a, const tovl_model_info *mi, co
     }
     printf("base:     %s: vocab %u (vocab_size %u), hidden %u, %s%s\n", mi->dir, mi->vocab, mi->config_vocab,
            mi->hidden, mi->tied ? "tied" : "untied", mi->tied_inferred ? " (inferred: no tie_word_embeddings)" : "");
+    printf("          %s: embedding %s (module %s), lm_head %s (module %s)\n", mi->layout, mi->embed_tensor,
+           mi->embed_module, mi->lmhead_tensor ? mi->lmhead_tensor : "tied", mi->lmhead_module);
     const tovl_overlay_desc *d = &r->desc;
     size_t row_bytes = (size_t)d->hidden * 2u;
     printf("embed:    %u rows, %zu bytes of bf16 rows", d->embed.count, (size_t)d->embed.count * row_bytes);
@@ -198,6 +204,15 @@ static int print_json(const tovl_adapter_info *a, const tovl_model_info *mi, con
         cJSON_AddNumberToObject(b, "hidden", mi->hidden);
         cJSON_AddBoolToObject(b, "tied", mi->tied);
         cJSON_AddBoolToObject(b, "tied_inferred", mi->tied_inferred);
+        cJSON_AddStringToObject(b, "layout", mi->layout);
+        cJSON_AddStringToObject(b, "embed_tensor", mi->embed_tensor);
+        cJSON_AddStringToObject(b, "embed_module", mi->embed_module);
+        if (mi->lmhead_tensor) {
+            cJSON_AddStringToObject(b, "lmhead_tensor", mi->lmhead_tensor);
+        } else {
+            cJSON_AddNullToObject(b, "lmhead_tensor");
+        }
+        cJSON_AddStringToObject(b, "lmhead_module", mi->lmhead_module);
         const tovl_overlay_desc *d = &r->desc;
         cJSON *e = cJSON_AddObjectToObject(root, "embed");
         cJSON_AddNumberToObject(e, "count", d->embed.count);
@@ -251,12 +266,15 @@ int tovl_cmd_inspect(int argc, char **argv) {
     const char *adapter_dir = NULL, *base_dir = NULL, *backend_name = "cpu";
     uint32_t padded = 0, tp = 0;
     bool json = false;
+    tovl_model_names names = {0};
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'},
                                          {"base", required_argument, NULL, 'b'},
                                          {"vocab", required_argument, NULL, 'v'},
                                          {"backend", required_argument, NULL, 'B'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"tp", required_argument, NULL, 't'},
+                                         {"embed-tensor", required_argument, NULL, 'E'},
+                                         {"lmhead-tensor", required_argument, NULL, 'L'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -270,6 +288,12 @@ int tovl_cmd_inspect(int argc, char **argv) {
             break;
         case 'b':
             base_dir = optarg;
+            break;
+        case 'E':
+            names.embed_tensor = optarg;
+            break;
+        case 'L':
+            names.lmhead_tensor = optarg;
             break;
         case 'B':
             backend_name = optarg;
@@ -300,6 +324,10 @@ int tovl_cmd_inspect(int argc, char **argv) {
     if (tovl_cli_no_operands("tovl inspect", argc, argv, usage)) {
         return 2;
     }
+    if ((names.embed_tensor || names.lmhead_tensor) && !base_dir) {
+        fprintf(stderr, "tovl inspect: --embed-tensor and --lmhead-tensor need --base MODEL_DIR\n");
+        return 2;
+    }
     if (tp > 0 && !base_dir) {
         fprintf(stderr, "tovl inspect: --tp needs --base MODEL_DIR (the shards cut the model's vocab)\n");
         return 2;
@@ -311,7 +339,7 @@ int tovl_cmd_inspect(int argc, char **argv) {
     tovl_adapter_rows *rows = NULL;
     tovl_status st = tovl_adapter_open(adapter_dir, &adapter);
     if (st == TOVL_OK && base_dir) {
-        st = tovl_model_open(base_dir, padded, &model);
+        st = tovl_model_open_named(base_dir, padded, &names, &model);
     }
     if (st == TOVL_OK && model) {
         st = tovl_backend_open(backend_name, &be);

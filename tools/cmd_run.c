@@ -34,13 +34,17 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: tovl run --base MODEL_DIR --adapter DIR [--adapter DIR ...] --batch FILE --out FILE\n"
                "                [--backend NAME] [--logits f32|bf16] [--vocab N] [--tp N] [--digest]\n"
+               "                [--embed-tensor NAME] [--lmhead-tensor NAME]\n"
                "  adapters go into slots 0, 1, ... in order (at most %d)\n"
                "  batch: ids i32 [T]; optional slots i32 [T] (default 0, -1 = base model); optional hidden bf16 [T,h]\n"
                "  out:   embed bf16 [T,h]; logits [T,vocab] when hidden is given (default bf16)\n"
                "  --backend NAME  cpu (default), vulkan, cuda, hip or auto\n"
                "  --vocab N       the engine's padded vocab (default: config.json vocab_size)\n"
                "  --tp N          the logits through N vocab shards (vLLM's split, pad 64), concatenated\n"
-               "  --digest        print the SHA-256 of each output tensor's bytes (as written)\n",
+               "  --digest        print the SHA-256 of each output tensor's bytes (as written)\n"
+               "  --embed-tensor NAME, --lmhead-tensor NAME\n"
+               "                  the base's input embedding and lm_head tensors, where the family's names do not\n"
+               "                  find them (an lm_head equal to the embedding: tied)\n",
                MAX_ADAPTERS);
 }
 
@@ -52,6 +56,7 @@ typedef struct run_opts {
     uint32_t padded_vocab;
     uint32_t tp; /* tensor-parallel ranks of the lm_head, >= 1 */
     bool digest;
+    tovl_model_names names;
 } run_opts;
 
 /* 0: parsed; 1: --help shown; 2: bad usage (message printed). */
@@ -70,6 +75,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                                          {"vocab", required_argument, NULL, 'v'},
                                          {"tp", required_argument, NULL, 't'},
                                          {"digest", no_argument, NULL, 'd'},
+                                         {"embed-tensor", required_argument, NULL, 'E'},
+                                         {"lmhead-tensor", required_argument, NULL, 'L'},
                                          {NULL, 0, NULL, 0}};
     tovl_cli_getopt_start();
     int c;
@@ -88,6 +95,10 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             o->backend = v;
         } else if (c == 'd') {
             o->digest = true;
+        } else if (c == 'E') {
+            o->names.embed_tensor = v;
+        } else if (c == 'L') {
+            o->names.lmhead_tensor = v;
         } else if (c == 'a') {
             if (o->n_adapters == MAX_ADAPTERS) {
                 fprintf(stderr, "tovl run: more than %d adapters\n", MAX_ADAPTERS);
@@ -478,7 +489,7 @@ int tovl_cmd_run(int argc, char **argv) {
     batch b;
     memset(&b, 0, sizeof b);
     int rc = 2;
-    tovl_status st = tovl_model_open(o.base, o.padded_vocab, &r.model);
+    tovl_status st = tovl_model_open_named(o.base, o.padded_vocab, &o.names, &r.model);
     if (st == TOVL_OK) {
         st = tovl_backend_open(o.backend, &r.be);
     }

@@ -2,6 +2,7 @@
  * (adapter_config.json + adapter_model.safetensors) and of vLLM's extra
  * vocabulary (new_embeddings.safetensors), and check them against the config.
  * Which rows PEFT finally computes for a given model is resolve.c's job. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,8 +58,9 @@ static tovl_status check_matrix(const char *file, const tovl_tensor *t) {
     return TOVL_OK;
 }
 
+/* `mpath`/`mlen`: the module path the tensor sits on (NULL for vLLM rows). */
 static tovl_status add_source(tovl_adapter *a, int *slot, tovl_adapter_source_kind kind, int module,
-                              const tovl_safetensors *file, const tovl_tensor *t) {
+                              const tovl_safetensors *file, const tovl_tensor *t, const char *mpath, size_t mlen) {
     const char *path = tovl_safetensors_path(file);
     if (*slot >= 0) {
         return tovl_error(TOVL_ERR_FORMAT, "%s: tensors '%s' and '%s' both hold the %s rows of %s", path,
@@ -80,17 +82,32 @@ static tovl_status add_source(tovl_adapter *a, int *slot, tovl_adapter_source_ki
     s->pub.rows = (uint32_t)t->shape[0];
     s->pub.width = (uint32_t)t->shape[1];
     s->tensor = t;
+    if (mpath) {
+        s->module_path = malloc(mlen + 1);
+        if (!s->module_path) {
+            return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
+        }
+        memcpy(s->module_path, mpath, mlen);
+        s->module_path[mlen] = '\0';
+        s->pub.module_path = s->module_path;
+    }
     *slot = (int)a->source_count++;
     return TOVL_OK;
 }
 
-const char *imp_tt_tensor_name(const imp_adapter_config *c, int module) {
-    if (c->standalone) {
-        return module == TOVL_MODULE_EMBED ? PEFT_PREFIX "model.embed_tokens.trainable_tokens_delta"
-                                           : PEFT_PREFIX "lm_head.trainable_tokens_delta";
+void imp_tt_tensor_name(const imp_adapter_config *c, const imp_tt_entry *e, char *buf, size_t size) {
+    const char *suffix = c->standalone ? "trainable_tokens_delta" : "token_adapter.trainable_tokens_delta";
+    const char *key = e->key, *dot = strrchr(key, '.');
+    const char *last = dot ? dot + 1 : key;
+    /* Llama's paths follow from the module name; other families' from the
+     * model, which the adapter does not know. */
+    if (strcmp(last, "embed_tokens") == 0 && !dot) {
+        snprintf(buf, size, PEFT_PREFIX "model.embed_tokens.%s", suffix);
+    } else if (strcmp(last, "lm_head") == 0 && !dot) {
+        snprintf(buf, size, PEFT_PREFIX "lm_head.%s", suffix);
+    } else {
+        snprintf(buf, size, PEFT_PREFIX "%s%s.%s", dot ? "" : "<path>.", key, suffix);
     }
-    return module == TOVL_MODULE_EMBED ? PEFT_PREFIX "model.embed_tokens.token_adapter.trainable_tokens_delta"
-                                       : PEFT_PREFIX "lm_head.token_adapter.trainable_tokens_delta";
 }
 
 /* Whether `name` is a trainable-tokens tensor of the config's kind; `p` is
@@ -128,15 +145,15 @@ static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
         int m = imp_module_of(name, p);
         if (m < 0) {
             return tovl_error(TOVL_ERR_UNSUPPORTED,
-                              "%s: tensor '%s': trainable tokens on a module that is not embed_tokens or lm_head", path,
-                              t->name);
+                              "%s: tensor '%s': trainable tokens on a module that is not an input embedding or an "
+                              "lm_head", path, t->name);
         }
-        return add_source(a, &a->tt[m], TOVL_SOURCE_TRAINABLE_TOKENS, m, a->peft, t);
+        return add_source(a, &a->tt[m], TOVL_SOURCE_TRAINABLE_TOKENS, m, a->peft, t, name, p);
     }
     if (ends_with(name, len, ".token_adapter.base_layer.weight", &p) || ends_with(name, len, ".base_layer.weight", &p)) {
         int m = imp_module_of(name, p);
         if (m >= 0) {
-            return add_source(a, &a->saved_base[m], TOVL_SOURCE_SAVED_BASE, m, a->peft, t);
+            return add_source(a, &a->saved_base[m], TOVL_SOURCE_SAVED_BASE, m, a->peft, t, name, p);
         }
     } else if (ends_with(name, len, ".weight", &p)) {
         int m = imp_module_of(name, p);
@@ -146,9 +163,9 @@ static tovl_status classify_peft(tovl_adapter *a, const tovl_tensor *t) {
              * tied models, so the config decides. */
             bool copied = m == TOVL_MODULE_EMBED ? a->config.mts_embed : a->config.mts_lmhead;
             if (copied) {
-                return add_source(a, &a->mts[m], TOVL_SOURCE_MODULES_TO_SAVE, m, a->peft, t);
+                return add_source(a, &a->mts[m], TOVL_SOURCE_MODULES_TO_SAVE, m, a->peft, t, name, p);
             }
-            return add_source(a, &a->saved_base[m], TOVL_SOURCE_SAVED_BASE, m, a->peft, t);
+            return add_source(a, &a->saved_base[m], TOVL_SOURCE_SAVED_BASE, m, a->peft, t, name, p);
         }
     }
     if (strstr(t->name, "trainable_tokens") != NULL) {
@@ -177,8 +194,10 @@ static tovl_status check_peft_against_config(tovl_adapter *a) {
             if (e->module == TOVL_MODULE_LMHEAD) {
                 continue;
             }
+            char want[512];
+            imp_tt_tensor_name(c, e, want, sizeof want);
             return tovl_error(TOVL_ERR_FORMAT, "%s: field '%s' lists %u ids but tensor '%s' is missing from %s",
-                              cfg, e->field, e->count, imp_tt_tensor_name(c, e->module),
+                              cfg, e->field, e->count, want,
                               a->peft ? tovl_safetensors_path(a->peft) : "the adapter (no adapter_model.safetensors)");
         }
         imp_source *s = &a->sources[slot];
@@ -218,9 +237,8 @@ static tovl_status check_peft_against_config(tovl_adapter *a) {
         if (listed[m] && a->mts[m] < 0) {
             /* ensure_weight_tying on a tied model lists embed_tokens for both;
              * PEFT still saves both matrices, so a missing one is an error. */
-            return tovl_error(TOVL_ERR_FORMAT, "%s: field 'modules_to_save' lists %s but tensor '%s%s.weight' is "
-                              "missing from %s", cfg, module_name(m), PEFT_PREFIX,
-                              m == TOVL_MODULE_EMBED ? "model.embed_tokens" : "lm_head",
+            return tovl_error(TOVL_ERR_FORMAT, "%s: field 'modules_to_save' lists %s but no '%s<path>.%s.weight' "
+                              "tensor is in %s", cfg, module_name(m), PEFT_PREFIX, module_name(m),
                               a->peft ? tovl_safetensors_path(a->peft) : "the adapter (no adapter_model.safetensors)");
         }
     }
@@ -234,7 +252,7 @@ static tovl_status classify_vllm(tovl_adapter *a) {
     for (int m = 0; m < 2; m++) {
         const tovl_tensor *t = tovl_safetensors_find(a->vllm, names[m]);
         if (t) {
-            tovl_status st = add_source(a, &a->vllm_rows[m], TOVL_SOURCE_VLLM_EXTRA_VOCAB, m, a->vllm, t);
+            tovl_status st = add_source(a, &a->vllm_rows[m], TOVL_SOURCE_VLLM_EXTRA_VOCAB, m, a->vllm, t, NULL, 0);
             if (st != TOVL_OK) {
                 return st;
             }
@@ -279,6 +297,9 @@ void tovl_adapter_close(tovl_adapter *a) {
     tovl_safetensors_close(a->peft);
     tovl_safetensors_close(a->vllm);
     imp_adapter_config_free(&a->config);
+    for (size_t i = 0; a->sources && i < a->source_count; i++) {
+        free(a->sources[i].module_path);
+    }
     free(a->sources);
     free(a->pub_sources);
     free(a->format);

@@ -18,6 +18,21 @@
 /* Config files above this are not adapter configs. */
 #define CONFIG_MAX_BYTES ((size_t)16 << 20)
 
+/* The module names the families give their input embedding and their output
+ * projection (transformers' names; docs/ADAPTERS.md has the table). */
+static const char *const embed_module_names[] = {"embed_tokens", "embed_in", "wte", "word_embeddings", "embeddings",
+                                                 "tok_embeddings"};
+static const char *const lmhead_module_names[] = {"lm_head", "embed_out"};
+
+static bool in_names(const char *s, size_t n, const char *const *names, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        if (strlen(names[i]) == n && memcmp(s, names[i], n) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 int imp_module_of(const char *name, size_t len) {
     size_t start = len;
     while (start > 0 && name[start - 1] != '.') {
@@ -25,13 +40,40 @@ int imp_module_of(const char *name, size_t len) {
     }
     const char *last = name + start;
     size_t n = len - start;
-    if (n == 12 && memcmp(last, "embed_tokens", 12) == 0) {
+    if (in_names(last, n, embed_module_names, sizeof embed_module_names / sizeof embed_module_names[0])) {
         return TOVL_MODULE_EMBED;
     }
-    if (n == 7 && memcmp(last, "lm_head", 7) == 0) {
+    if (in_names(last, n, lmhead_module_names, sizeof lmhead_module_names / sizeof lmhead_module_names[0])) {
         return TOVL_MODULE_LMHEAD;
     }
     return -1;
+}
+
+/* Skip the wrappers of one component: "model" and "language_model". */
+static bool is_wrapper(const char *c, size_t n) {
+    return (n == 5 && memcmp(c, "model", 5) == 0) || (n == 14 && memcmp(c, "language_model", 14) == 0);
+}
+
+bool imp_module_paths_match(const char *a, const char *b) {
+    for (;;) {
+        size_t na = strcspn(a, "."), nb = strcspn(b, ".");
+        if (is_wrapper(a, na) && a[na]) {
+            a += na + 1;
+            continue;
+        }
+        if (is_wrapper(b, nb) && b[nb]) {
+            b += nb + 1;
+            continue;
+        }
+        if (na != nb || memcmp(a, b, na) != 0) {
+            return false;
+        }
+        if (!a[na] || !b[nb]) {
+            return !a[na] && !b[nb];
+        }
+        a += na + 1;
+        b += nb + 1;
+    }
 }
 
 void imp_adapter_config_free(imp_adapter_config *cfg) {
@@ -136,7 +178,8 @@ static tovl_status parse_tt(const char *path, const cJSON *tti, imp_adapter_conf
         bool known = module == TOVL_MODULE_EMBED || module == TOVL_MODULE_LMHEAD;
         if (st == TOVL_OK && !known) {
             st = tovl_error(TOVL_ERR_UNSUPPORTED,
-                            "%s: field '%s': module '%s' is not embed_tokens or lm_head; tovl overlays only those",
+                            "%s: field '%s': module '%s' is not an input embedding or an lm_head (embed_tokens, "
+                            "embed_in, wte, word_embeddings, embeddings, lm_head, embed_out); tovl overlays only those",
                             path, field.buf, it->string);
         } else if (st == TOVL_OK && seen[module == TOVL_MODULE_LMHEAD]) {
             st = tovl_error(TOVL_ERR_FORMAT, "%s: field '%s': a second key for the %s module", path, field.buf,
@@ -176,15 +219,16 @@ static tovl_status add_target(const char *path, const char *name, const cJSON *i
     int module = imp_module_of(name, strlen(name));
     if (module != TOVL_MODULE_EMBED && module != TOVL_MODULE_LMHEAD) {
         return tovl_error(TOVL_ERR_UNSUPPORTED,
-                          "%s: field 'target_modules': module '%s' is not embed_tokens or lm_head; tovl overlays only "
-                          "those", path, name);
+                          "%s: field 'target_modules': module '%s' is not an input embedding or an lm_head "
+                          "(embed_tokens, embed_in, wte, word_embeddings, embeddings, lm_head, embed_out); tovl "
+                          "overlays only those", path, name);
     }
     for (size_t i = 0; i < cfg->tt_count; i++) {
         if (cfg->tt[i].module == module) {
             return TOVL_OK; /* two names of one module: PEFT wraps it once */
         }
     }
-    return add_entry(path, cfg, module == TOVL_MODULE_EMBED ? "embed_tokens" : "lm_head", "token_indices", ids);
+    return add_entry(path, cfg, name, "token_indices", ids);
 }
 
 /* peft_type TRAINABLE_TOKENS: token_indices for each module of target_modules. */

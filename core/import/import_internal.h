@@ -76,9 +76,14 @@ typedef struct imp_adapter_config {
     bool ensure_weight_tying;
 } imp_adapter_config;
 
-/* Which module a PEFT module name or path denotes (its last dotted component
- * "embed_tokens" or "lm_head"); -1 for anything else. */
+/* Which module a PEFT module name or path denotes, by its last dotted
+ * component (embed_tokens, embed_in, wte, ... or lm_head, embed_out); -1 for
+ * anything else. */
 int imp_module_of(const char *name, size_t len);
+/* Whether two module paths name the same module of the text model: equal once
+ * the multimodal wrappers "model." and "language_model." are skipped (the
+ * transformers versions nest the same text model differently). */
+bool imp_module_paths_match(const char *a, const char *b);
 
 /* Parse and validate adapter_config.json text; `path` names it in errors. */
 tovl_status imp_adapter_config_parse(const char *text, size_t len, const char *path, imp_adapter_config *out);
@@ -93,15 +98,16 @@ tovl_status imp_adapter_from_parts(const char *dir, const char *config_path, con
                                    size_t config_len, tovl_safetensors *peft, tovl_safetensors *vllm,
                                    tovl_adapter **out);
 
-/* The name of the trainable-tokens tensor PEFT saves for `module`: LoRA's
- * trainable tokens sit in a "token_adapter", the standalone method's on the
- * module itself. */
-const char *imp_tt_tensor_name(const imp_adapter_config *c, int module);
+/* The name of the trainable-tokens tensor PEFT saves for config entry `e`,
+ * for error messages: LoRA's trainable tokens sit in a "token_adapter", the
+ * standalone method's on the module itself. */
+void imp_tt_tensor_name(const imp_adapter_config *c, const imp_tt_entry *e, char *buf, size_t size);
 
 /* Internal view of one source: the public description and its tensor. */
 typedef struct imp_source {
     tovl_adapter_source pub;
     const tovl_tensor *tensor;
+    char *module_path; /* owned; pub.module_path points here */
 } imp_source;
 
 /* The adapter's parsed state, read by resolve.c. */

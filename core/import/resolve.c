@@ -352,9 +352,51 @@ static tovl_status check_widths(ctx *c) {
 }
 
 static tovl_status missing_lm_tokens(const ctx *c) {
+    char want[512];
+    imp_tt_tensor_name(c->v.config, c->v.tt_entry[TOVL_MODULE_LMHEAD], want, sizeof want);
     return tovl_error(TOVL_ERR_FORMAT, "%s/adapter_config.json: field '%s' lists %u lm_head ids but tensor '%s' is "
                       "missing", c->v.dir, c->v.tt_entry[TOVL_MODULE_LMHEAD]->field,
-                      c->v.tt_entry[TOVL_MODULE_LMHEAD]->count, imp_tt_tensor_name(c->v.config, TOVL_MODULE_LMHEAD));
+                      c->v.tt_entry[TOVL_MODULE_LMHEAD]->count, want);
+}
+
+/* Every PEFT tensor must sit on the base's own embedding or lm_head module:
+ * an adapter trained on another family names other modules. */
+static tovl_status check_module_paths(ctx *c) {
+    const imp_source *all[] = {c->v.tt[0], c->v.tt[1], c->v.mts[0], c->v.mts[1], c->v.saved_base[0],
+                               c->v.saved_base[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        const imp_source *s = all[i];
+        if (!s || !s->pub.module_path) {
+            continue;
+        }
+        bool embed = s->pub.module == TOVL_MODULE_EMBED;
+        const char *want = embed ? c->mi->embed_module : c->mi->lmhead_module;
+        const char *tensor = embed ? c->mi->embed_tensor : c->mi->lmhead_tensor;
+        /* The checkpoint's own name counts too: transformers may load a module
+         * under another path than it saves it. */
+        char *saved = NULL;
+        if (tensor) {
+            size_t n = strlen(tensor);
+            saved = imp_strdup(tensor);
+            if (!saved) {
+                return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "resolve: out of host memory");
+            }
+            if (n > 7 && strcmp(saved + n - 7, ".weight") == 0) {
+                saved[n - 7] = '\0';
+            }
+        }
+        bool ok = imp_module_paths_match(s->pub.module_path, want) ||
+                  (saved && imp_module_paths_match(s->pub.module_path, saved));
+        free(saved);
+        if (!ok) {
+            return tovl_error(TOVL_ERR_VOCAB_MISMATCH,
+                              "%s: tensor '%s' sits on module '%s', but the base model's %s is '%s' (%s, %s): the "
+                              "adapter was made for another model family", s->pub.file, s->pub.tensor,
+                              s->pub.module_path, embed ? "input embedding" : "lm_head", want, c->mi->dir,
+                              c->mi->layout);
+        }
+    }
+    return TOVL_OK;
 }
 
 /* Tied model: the rules PEFT 0.21 follows (each checked against real PEFT). */
@@ -593,6 +635,9 @@ tovl_status tovl_adapter_resolve(tovl_backend *backend, const tovl_overlay_kerne
     tovl_status st = part_init(&c.embed, c.mi->vocab, c.mi->hidden);
     if (st == TOVL_OK) {
         st = part_init(&c.lm, c.mi->vocab, c.mi->hidden);
+    }
+    if (st == TOVL_OK) {
+        st = check_module_paths(&c);
     }
     if (st == TOVL_OK) {
         st = check_widths(&c);

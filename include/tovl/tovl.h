@@ -492,9 +492,15 @@ TOVL_API tovl_status tovl_safetensors_write(const char *path, const tovl_tensor 
                                             const char *const *metadata, size_t n_metadata);
 
 /* A base model folder: config.json (vocab_size, hidden_size,
- * tie_word_embeddings) and model.safetensors or model.safetensors.index.json
- * with model.embed_tokens.weight and, untied, lm_head.weight. Rows are bf16;
- * F16 and F32 matrices are converted (nearest-even). */
+ * tie_word_embeddings, at the top or in a multimodal model's text_config) and
+ * model.safetensors or model.safetensors.index.json holding the input
+ * embedding and, untied, the lm_head. The two tensors are found by the
+ * family's names (Llama-style model.embed_tokens / lm_head, multimodal
+ * model.language_model.* and language_model.model.*, GPT-NeoX, GPT-2/GPT-J,
+ * BLOOM/Falcon, OPT, Mamba), else as the one tensor named like an embedding
+ * (never a guess between two), or named by the caller (tovl_model_names).
+ * docs/ADAPTERS.md has the table. Rows are bf16; F16 and F32 matrices are
+ * converted (nearest-even). */
 typedef struct tovl_model tovl_model;
 
 typedef struct tovl_model_info {
@@ -503,19 +509,44 @@ typedef struct tovl_model_info {
     uint32_t config_vocab;   /* config.json vocab_size (rows of the embedding) */
     uint32_t hidden;         /* config.json hidden_size */
     bool tied;               /* the lm_head is the embedding */
-    bool tied_inferred;      /* config.json has no tie_word_embeddings: inferred from lm_head.weight's absence */
-    const char *embed_file;  /* the file holding model.embed_tokens.weight */
+    bool tied_inferred;      /* config.json has no tie_word_embeddings: inferred from the lm_head's absence */
+    const char *embed_file;  /* the file holding the input embedding */
     const char *embed_dtype; /* its dtype in the file */
-    const char *lmhead_file; /* the file holding lm_head.weight; NULL when tied */
+    const char *lmhead_file; /* the file holding the lm_head; NULL when tied */
     const char *lmhead_dtype;
+    const char *embed_tensor;  /* "model.embed_tokens.weight", "gpt_neox.embed_in.weight", ... */
+    const char *lmhead_tensor; /* "lm_head.weight", "embed_out.weight", ...; NULL when tied */
+    const char *embed_module;  /* the module paths a PEFT adapter's tensors must sit on ("gpt_neox.embed_in"); */
+    const char *lmhead_module; /* the wrappers "model." and "language_model." are not compared */
+    const char *layout;        /* which rule found the tensors: a family, the fallback, or the caller */
 } tovl_model_info;
+
+/* What the caller names instead of the detection; NULL fields are found. The
+ * tensors are checkpoint names; the modules are the loaded model's paths, as
+ * PEFT writes them (get_input_embeddings()'s name), when they differ from the
+ * tensors'. An lmhead_tensor equal to embed_tensor means tied. */
+typedef struct tovl_model_names {
+    const char *embed_tensor;
+    const char *lmhead_tensor;
+    const char *embed_module;
+    const char *lmhead_module;
+} tovl_model_names;
 
 /* Open a model folder. `padded_vocab` 0 serves config vocab_size rows; a
  * larger value is the engine's padded vocab: rows vocab_size .. padded_vocab-1
  * are zero in the base embedding and lm_head (where added tokens live: an
  * adapter's trainable ids there supply those rows). */
 TOVL_API tovl_status tovl_model_open(const char *dir, uint32_t padded_vocab, tovl_model **out);
+/* The same with tensor or module names given (`names` may be NULL). A named
+ * tensor that is missing or has the wrong shape is an error; nothing found is
+ * guessed. */
+TOVL_API tovl_status tovl_model_open_named(const char *dir, uint32_t padded_vocab, const tovl_model_names *names,
+                                           tovl_model **out);
 TOVL_API void tovl_model_close(tovl_model *model);
+/* The loaded model's module paths, for adapters resolved from now on (what
+ * tovl.hf.attach finds through get_input_embeddings()); NULL keeps one. The
+ * checkpoint tensors' own paths stay accepted. */
+TOVL_API tovl_status tovl_model_set_modules(tovl_model *model, const char *embed_module, const char *lmhead_module);
 TOVL_API const tovl_model_info *tovl_model_get_info(const tovl_model *model);
 /* Base rows, bf16 [hidden]; NULL when id >= vocab. Tied: lmhead == embed. */
 TOVL_API const uint16_t *tovl_model_embed_row(const tovl_model *model, uint32_t id);
@@ -546,8 +577,8 @@ typedef enum tovl_adapter_source_kind {
 } tovl_adapter_source_kind;
 
 typedef enum tovl_adapter_module {
-    TOVL_MODULE_EMBED = 0,  /* the input embedding (embed_tokens) */
-    TOVL_MODULE_LMHEAD = 1  /* the output projection (lm_head) */
+    TOVL_MODULE_EMBED = 0,  /* the input embedding (embed_tokens, embed_in, wte, word_embeddings, embeddings) */
+    TOVL_MODULE_LMHEAD = 1  /* the output projection (lm_head, embed_out) */
 } tovl_adapter_module;
 
 typedef struct tovl_adapter_source {
@@ -560,6 +591,8 @@ typedef struct tovl_adapter_source {
     const uint32_t *ids;      /* trainable tokens: the config's ids [rows]; else NULL */
     const char *config_field; /* the adapter_config.json field that declared it ("trainable_token_indices",
                                  "trainable_token_indices.lm_head", "token_indices", ...), or NULL */
+    const char *module_path;  /* the module it sits on, "base_model.model." removed ("gpt_neox.embed_in");
+                                 NULL for vLLM rows (they name no module) */
 } tovl_adapter_source;
 
 typedef struct tovl_adapter_info {

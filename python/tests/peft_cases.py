@@ -36,6 +36,66 @@ KINDS = ("tt_list", "tt_dict", "mts_embed", "mts_lm_head", "tt_standalone", "add
 
 
 ARCHS = ("llama", "gemma3")
+# Families whose checkpoints and module paths are not Llama's, and those with their own
+# scale factors (the embedding multiplier of Granite, the logit scales of Granite and
+# Cohere), with the tying their released models use; the two multimodal ones nest the
+# text model (model.language_model.*). Value: a LoRA target module (not a token overlay).
+FAMILY_ARCHS = {"gpt_neox": ("query_key_value", False), "gpt2": ("c_attn", True), "opt": ("q_proj", True),
+                "falcon": ("query_key_value", False), "bloom": ("query_key_value", True),
+                "mamba": ("in_proj", True), "granite": ("q_proj", False), "cohere": ("q_proj", True),
+                "qwen2_vl": ("q_proj", False), "llava": ("q_proj", True)}
+
+
+def _family_model(arch: str, common: dict):
+    import transformers as tf
+    tied = common["tie_word_embeddings"]
+    no_ids = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if arch == "gpt_neox":
+        return tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(
+            vocab_size=V, hidden_size=H, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, tie_word_embeddings=tied, attn_implementation="eager", **no_ids))
+    if arch == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=V, n_embd=H, n_layer=2, n_head=4, n_positions=64,
+                                                tie_word_embeddings=tied, attn_implementation="eager", **no_ids))
+    if arch == "opt":
+        return tf.OPTForCausalLM(tf.OPTConfig(vocab_size=V, hidden_size=H, num_hidden_layers=2, ffn_dim=64,
+                                              num_attention_heads=4, word_embed_proj_dim=H,
+                                              max_position_embeddings=64, tie_word_embeddings=tied,
+                                              attn_implementation="eager", **no_ids))
+    if arch == "falcon":
+        return tf.FalconForCausalLM(tf.FalconConfig(vocab_size=V, hidden_size=H, num_hidden_layers=2,
+                                                    num_attention_heads=4, tie_word_embeddings=tied,
+                                                    attn_implementation="eager", **no_ids))
+    if arch == "bloom":
+        return tf.BloomForCausalLM(tf.BloomConfig(vocab_size=V, hidden_size=H, n_layer=2, n_head=4,
+                                                  tie_word_embeddings=tied, attn_implementation="eager", **no_ids))
+    if arch == "mamba":
+        return tf.MambaForCausalLM(tf.MambaConfig(vocab_size=V, hidden_size=H, state_size=4, num_hidden_layers=2,
+                                                  expand=2, conv_kernel=4, tie_word_embeddings=tied, **no_ids))
+    if arch == "granite":
+        return tf.GraniteForCausalLM(tf.GraniteConfig(**common, embedding_multiplier=12.0, logits_scaling=8.0))
+    if arch == "cohere":
+        return tf.CohereForCausalLM(tf.CohereConfig(**common, logit_scale=0.0625))
+    text = {k: v for k, v in common.items() if k != "attn_implementation"}
+    if arch == "qwen2_vl":
+        text["rope_scaling"] = {"type": "mrope", "mrope_section": [10, 12, 12]}
+        cfg = tf.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=16, num_heads=2, hidden_size=H,
+                                                                     mlp_ratio=2, patch_size=4, spatial_merge_size=1,
+                                                                     temporal_patch_size=1),
+                               image_token_id=V - 3, video_token_id=V - 4, vision_start_token_id=V - 5,
+                               vision_end_token_id=V - 6, tie_word_embeddings=tied, attn_implementation="eager")
+        return tf.Qwen2VLForConditionalGeneration(cfg)
+    if arch == "llava":
+        cfg = tf.LlavaConfig(vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=16,
+                                                num_hidden_layers=1, num_attention_heads=2, image_size=8,
+                                                patch_size=4),
+                             text_config=dict(model_type="llama", **text), image_token_index=LLAVA_IMAGE_TOKEN,
+                             projector_hidden_act="gelu", tie_word_embeddings=tied, attn_implementation="eager")
+        return tf.LlavaForConditionalGeneration(cfg)
+    raise ValueError(f"unknown architecture {arch!r}")
+
+
+LLAVA_IMAGE_TOKEN = V - 3   # LLaVA's image placeholder id in the tiny vocabulary
 
 
 def base_model(tied: bool, seed: int, vocab: int = V, arch: str = "llama"):
@@ -56,6 +116,8 @@ def base_model(tied: bool, seed: int, vocab: int = V, arch: str = "llama"):
     elif arch == "gemma3":
         cfg = Gemma3TextConfig(**common, head_dim=H // 4, sliding_window=4, final_logit_softcapping=2.0)
         model = Gemma3ForCausalLM(cfg)
+    elif arch in FAMILY_ARCHS:
+        model = _family_model(arch, common)
     else:
         raise ValueError(f"unknown architecture {arch!r}")
     model = model.to(torch.bfloat16).eval()
@@ -89,18 +151,28 @@ class Case:
     prompt_ids: list[int]      # ids worth putting in this adapter's prompts (its overlaid rows)
 
 
-def _peft_config(kind: str, tied: bool):
+def module_names(model, arch: str) -> tuple[str, str, str]:
+    """PEFT's names of the input embedding and the lm_head (the loaded model's, e.g. GPT-NeoX's
+    embed_in and lm_head) and a LoRA target."""
+    paths = {m: n for n, m in model.named_modules()}
+    embed = paths[model.get_input_embeddings()].split(".")[-1]
+    lm = paths[model.get_output_embeddings()].split(".")[-1]
+    return embed, lm, FAMILY_ARCHS[arch][0] if arch in FAMILY_ARCHS else "q_proj"
+
+
+def _peft_config(kind: str, tied: bool, names: tuple[str, str, str] = ("embed_tokens", "lm_head", "q_proj")):
+    embed, lm, target = names
     if kind == "tt_list":
-        return LoraConfig(r=2, target_modules=["q_proj"], trainable_token_indices=list(EMBED_IDS))
+        return LoraConfig(r=2, target_modules=[target], trainable_token_indices=list(EMBED_IDS))
     if kind == "tt_dict":
-        return LoraConfig(r=2, target_modules=["q_proj"],
-                          trainable_token_indices={"embed_tokens": list(EMBED_IDS), "lm_head": list(LMHEAD_IDS)})
+        return LoraConfig(r=2, target_modules=[target],
+                          trainable_token_indices={embed: list(EMBED_IDS), lm: list(LMHEAD_IDS)})
     if kind == "mts_embed":
-        return LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["embed_tokens"])
+        return LoraConfig(r=2, target_modules=[target], modules_to_save=[embed])
     if kind == "mts_lm_head":
-        return LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["lm_head"])
+        return LoraConfig(r=2, target_modules=[target], modules_to_save=[lm])
     if kind == "tt_standalone":
-        return TrainableTokensConfig(target_modules=["embed_tokens"], token_indices=list(EMBED_IDS))
+        return TrainableTokensConfig(target_modules=[embed], token_indices=list(EMBED_IDS))
     if kind == "added_tokens":
         ids = [EMBED_IDS[0]] + ADDED_IDS
         if tied:   # the lm_head follows the embedding's token adapter
@@ -119,14 +191,15 @@ def make_adapter(kind: str, tied: bool, root: Path, seed: int, arch: str = "llam
         resized(model, vocab, zero_tail=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pm = get_peft_model(model, _peft_config(kind, tied))
+        names = module_names(model, arch)
+        pm = get_peft_model(model, _peft_config(kind, tied, names))
     g = torch.Generator().manual_seed(seed + 1000 + KINDS.index(kind))
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "trainable_tokens_delta" in name:   # replacement rows, f32 as PEFT keeps them
                 p.copy_(torch.randn(p.shape, generator=g) * ROW_STD)
-            elif "modules_to_save" in name and ("embed_tokens" in name or "lm_head" in name):
-                rows = EMBED_IDS if "embed_tokens" in name else LMHEAD_IDS
+            elif "modules_to_save" in name and (f"{names[0]}." in name or f"{names[1]}." in name):
+                rows = EMBED_IDS if f"{names[0]}." in name else LMHEAD_IDS
                 p[rows] = (torch.randn(len(rows), p.shape[1], generator=g) * ROW_STD).to(p.dtype)
     out = root / f"{arch}_{kind}_{'tied' if tied else 'untied'}"
     with warnings.catch_warnings():

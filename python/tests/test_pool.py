@@ -229,3 +229,51 @@ def test_the_readme_example_runs(monkeypatch: Any, capsys: Any) -> None:
     monkeypatch.chdir(REPO)
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out.strip() == "(3, 40, 130)"
+
+
+# ---- other families: names given, module paths from the live model ----------------------
+FAMILIES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "peft_families"
+
+
+def test_model_reports_the_family_layout_and_takes_names():
+    m = tovl.Model(FAMILIES / "bases" / "gpt_neox_untied")
+    assert (m.info.embed_tensor, m.info.lmhead_tensor) == ("gpt_neox.embed_in.weight", "embed_out.weight")
+    assert (m.info.embed_module, m.info.lmhead_module) == ("gpt_neox.embed_in", "lm_head")
+    assert m.info.layout.startswith("GPT-NeoX")
+    m.close()
+    with pytest.raises(tovl.TovlError, match="'nope.weight'.*not there"):
+        tovl.Model(FAMILIES / "bases" / "gpt_neox_untied", embed_tensor="nope.weight")
+    src = tovl.Adapter(FAMILIES / "gpt_neox_untied_lora_tt" / "adapter").info.sources
+    assert sorted(s.module_path or "" for s in src) == ["gpt_neox.embed_in", "lm_head"]
+
+
+def test_attach_passes_the_live_module_paths(tmp_path):
+    """A checkpoint whose tensor names are not the loaded model's: the pool opens it by the names
+    given, refuses a PEFT adapter (it names the live model's modules) until attach() has told the
+    pool's model those paths from get_input_embeddings()/get_output_embeddings()."""
+    import tovl.hf
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from safetensors.torch import save_file
+
+    base = FAMILIES / "bases" / "granite_untied"   # Llama names and paths
+    sd = load_file(base / "model.safetensors")
+    renamed = tmp_path / "base"
+    renamed.mkdir()
+    (renamed / "config.json").write_text((base / "config.json").read_text())
+    save_file({"enc.tok.weight": sd["model.embed_tokens.weight"], "dec.out.weight": sd["lm_head.weight"]},
+              str(renamed / "model.safetensors"))
+    adapter = FAMILIES / "granite_untied_lora_tt" / "adapter"
+    with tovl.AdapterPool(renamed, "cpu", max_loras=2, embed_tensor="enc.tok.weight",
+                          lmhead_tensor="dec.out.weight") as pool:
+        assert pool.model.info.embed_module == "enc.tok"
+        with pytest.raises(tovl.TovlError, match="sits on module 'model.embed_tokens'.*'enc.tok'"):
+            pool.load(0, adapter)
+        cfg = LlamaConfig(vocab_size=pool.model.info.vocab, hidden_size=pool.model.info.hidden,
+                          intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, tie_word_embeddings=False)
+        live = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        with tovl.hf.attach(live, pool) as handle:
+            assert handle.module_paths == ("model.embed_tokens", "lm_head")
+            assert (pool.model.info.embed_module, pool.model.info.lmhead_module) == ("model.embed_tokens", "lm_head")
+            info = pool.load(0, adapter)
+        assert info.embed_ids == (1, 5, 17, 100, 130) and info.lmhead_ids == (5, 44, 90)

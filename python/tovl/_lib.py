@@ -163,6 +163,20 @@ class ModelInfoC(Structure):
         ("embed_dtype", c_char_p),
         ("lmhead_file", c_char_p),
         ("lmhead_dtype", c_char_p),
+        ("embed_tensor", c_char_p),
+        ("lmhead_tensor", c_char_p),
+        ("embed_module", c_char_p),
+        ("lmhead_module", c_char_p),
+        ("layout", c_char_p),
+    ]
+
+
+class ModelNamesC(Structure):
+    _fields_ = [
+        ("embed_tensor", c_char_p),
+        ("lmhead_tensor", c_char_p),
+        ("embed_module", c_char_p),
+        ("lmhead_module", c_char_p),
     ]
 
 
@@ -177,6 +191,7 @@ class AdapterSourceC(Structure):
         ("width", c_uint32),
         ("ids", POINTER(c_uint32)),
         ("config_field", c_char_p),
+        ("module_path", c_char_p),
     ]
 
 
@@ -216,6 +231,7 @@ STRUCTS: dict[str, type[Structure]] = {
     "tovl_tensor": TensorC,
     "tovl_model_info": ModelInfoC,
     "tovl_adapter_source": AdapterSourceC,
+    "tovl_model_names": ModelNamesC,
     "tovl_adapter_info": AdapterInfoC,
     "tovl_adapter_rows_info": AdapterRowsInfoC,
 }
@@ -280,6 +296,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "tovl_safetensors_find": (POINTER(TensorC), [P, c_char_p]),
     "tovl_safetensors_write": (status, [c_char_p, POINTER(TensorC), c_size_t, POINTER(c_char_p), c_size_t]),
     "tovl_model_open": (status, [c_char_p, c_uint32, POINTER(P)]),
+    "tovl_model_open_named": (status, [c_char_p, c_uint32, POINTER(ModelNamesC), POINTER(P)]),
+    "tovl_model_set_modules": (status, [P, c_char_p, c_char_p]),
     "tovl_model_close": (None, [P]),
     "tovl_model_get_info": (POINTER(ModelInfoC), [P]),
     "tovl_model_embed_row": (POINTER(c_uint16), [P, c_uint32]),

@@ -316,21 +316,46 @@ class ModelInfo:
     embed_dtype: str
     lmhead_file: Optional[str]
     lmhead_dtype: Optional[str]
+    embed_tensor: str            # "model.embed_tokens.weight", "gpt_neox.embed_in.weight", ...
+    lmhead_tensor: Optional[str]  # None when tied
+    embed_module: str            # the module paths an adapter's tensors must sit on
+    lmhead_module: str
+    layout: str                  # the rule that found the tensors
 
 
 class Model(_Handle):
-    """A base model folder (tovl_model_open); `padded_vocab` 0 serves config vocab_size rows."""
+    """A base model folder (tovl_model_open_named); `padded_vocab` 0 serves config vocab_size rows.
+
+    The embedding and lm_head are found by the family's tensor names; `embed_tensor` and
+    `lmhead_tensor` name them where that fails (an lm_head equal to the embedding: tied);
+    `embed_module` and `lmhead_module` are the loaded model's module paths (as a PEFT adapter
+    names them) where they differ from the tensors'."""
 
     _what = "model"
 
-    def __init__(self, dir: PathLike, padded_vocab: int = 0) -> None:
+    def __init__(self, dir: PathLike, padded_vocab: int = 0, *, embed_tensor: Optional[str] = None,
+                 lmhead_tensor: Optional[str] = None, embed_module: Optional[str] = None,
+                 lmhead_module: Optional[str] = None) -> None:
         out = _out()
-        check(lib.tovl_model_open(_path(dir), padded_vocab, ctypes.byref(out)))
+        names = _lib.ModelNamesC(*(v.encode() if v is not None else None
+                                   for v in (embed_tensor, lmhead_tensor, embed_module, lmhead_module)))
+        check(lib.tovl_model_open_named(_path(dir), padded_vocab, ctypes.byref(names), ctypes.byref(out)))
         self._own(int(out.value or 0), lib.tovl_model_close)
+        self._read_info()
+
+    def _read_info(self) -> None:
         i = lib.tovl_model_get_info(self.handle).contents
         self.info = ModelInfo(_lib.text(i.dir), i.vocab, i.config_vocab, i.hidden, bool(i.tied),
                               bool(i.tied_inferred), _lib.text(i.embed_file), _lib.text(i.embed_dtype),
-                              _lib.opt_text(i.lmhead_file), _lib.opt_text(i.lmhead_dtype))
+                              _lib.opt_text(i.lmhead_file), _lib.opt_text(i.lmhead_dtype),
+                              _lib.text(i.embed_tensor), _lib.opt_text(i.lmhead_tensor),
+                              _lib.text(i.embed_module), _lib.text(i.lmhead_module), _lib.text(i.layout))
+
+    def set_modules(self, embed_module: Optional[str] = None, lmhead_module: Optional[str] = None) -> None:
+        """The loaded model's module paths, for adapters resolved from now on (None keeps one)."""
+        check(lib.tovl_model_set_modules(self.handle, embed_module.encode() if embed_module else None,
+                                         lmhead_module.encode() if lmhead_module else None))
+        self._read_info()
 
     def _row(self, fn: Any, token_id: int) -> np.ndarray:
         if not 0 <= token_id < self.info.vocab:
@@ -373,6 +398,7 @@ class AdapterSource:
     width: int
     ids: Optional[tuple[int, ...]]  # trainable tokens: the config's ids; else None
     config_field: Optional[str]
+    module_path: Optional[str]      # the module it sits on ("gpt_neox.embed_in"); None for vLLM rows
 
 
 @dataclass(frozen=True)
@@ -399,7 +425,7 @@ class Adapter(_Handle):
             ids = tuple(s.ids[: s.rows]) if s.ids else None
             sources.append(AdapterSource(SOURCE_KINDS[s.kind], MODULES[s.module], _lib.text(s.file),
                                          _lib.text(s.tensor), _lib.text(s.dtype), s.rows, s.width, ids,
-                                         _lib.opt_text(s.config_field)))
+                                         _lib.opt_text(s.config_field), _lib.opt_text(s.module_path)))
         self.info = AdapterInfo(_lib.text(i.dir), _lib.text(i.format), bool(i.ensure_weight_tying), sources,
                                 i.other_tensors)
 

@@ -9,7 +9,12 @@
 
 attach() finds the two modules through model.get_input_embeddings() and
 model.get_output_embeddings(), so it needs nothing architecture-specific, and puts a
-forward hook on each (the spec's placement, docs/SPEC.md):
+forward hook on each (the spec's placement, docs/SPEC.md). Their module paths in the
+loaded model (what PEFT writes in an adapter, e.g. model.language_model.embed_tokens of
+a multimodal model) go to the pool's base model where they differ from the ones its
+checkpoint implies, for the adapters loaded after attach(). On a multimodal model the
+overlays apply to the text tokens' ids: rows the model then replaces by image features
+stay replaced, as in PEFT.
 
 - the input embedding: its output rows are patched right after the gather, before any
   embedding scale. Where the module is a plain gather (Llama, Qwen, Mistral, ...; also a
@@ -40,6 +45,18 @@ import torch.nn.functional as F
 __all__ = ["attach", "Attachment"]
 
 SlotsLike = Union[int, Sequence[int], torch.Tensor, None]
+
+
+def _same_module(a: str, b: str) -> bool:
+    """The import's rule (core/import): equal once the wrappers "model" and "language_model" are skipped."""
+    def core(p: str) -> list[str]:
+        parts = p.split(".")
+        return [c for c in parts[:-1] if c not in ("model", "language_model")] + parts[-1:]
+    return core(a) == core(b)
+
+
+def _module_path(model: torch.nn.Module, module: torch.nn.Module) -> str | None:
+    return next((name for name, m in model.named_modules() if m is module), None)
 
 
 def _embed_scale(module: torch.nn.Module) -> torch.Tensor | None:
@@ -82,6 +99,14 @@ class Attachment:
         pool_device = getattr(pool, "device", None)
         if pool_device is not None and torch.device(pool_device).type != weight.device.type:
             raise ValueError(f"tovl.hf.attach: the pool serves {pool_device}, the model is on {weight.device}")
+        #: the two modules' paths in the loaded model
+        self.module_paths = (_module_path(model, embed), _module_path(model, lmhead))
+        base = getattr(pool, "model", None)
+        if info is not None and base is not None and hasattr(base, "set_modules"):
+            wanted = [p if p is not None and not _same_module(p, have) else None
+                      for p, have in zip(self.module_paths, (info.embed_module, info.lmhead_module))]
+            if any(wanted):
+                base.set_modules(*wanted)
         self.model = model
         self.pool = pool
         self.hidden_size = int(weight.shape[1])

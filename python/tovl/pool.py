@@ -104,11 +104,14 @@ class AdapterPool:
     model with vLLM's vocab split (padded to a multiple of `tp_pad`): lmhead_ patches the rank's
     logits shard [T, >= shard width]; embed_ patches the whole rows after the all-reduce.
 
-    `capacity`: the most embedding rows and lm_head cells one slot may hold (module docstring)."""
+    `capacity`: the most embedding rows and lm_head cells one slot may hold (module docstring);
+    `embed_tensor`, `lmhead_tensor`, `embed_module`, `lmhead_module`: as tovl.Model."""
 
     def __init__(self, base_dir: PathLike, device: Union[torch.device, str] = "cpu", max_loras: int = 8,
                  padded_vocab: int = 0, *, tp: Optional[tuple[int, int]] = None,
-                 tp_pad: int = VOCAB_PAD_DEFAULT, capacity: int = DEFAULT_CAPACITY) -> None:
+                 tp_pad: int = VOCAB_PAD_DEFAULT, capacity: int = DEFAULT_CAPACITY,
+                 embed_tensor: Optional[str] = None, lmhead_tensor: Optional[str] = None,
+                 embed_module: Optional[str] = None, lmhead_module: Optional[str] = None) -> None:
         if max_loras < 1:
             raise invalid(f"AdapterPool: max_loras {max_loras} must be >= 1")
         if tp is not None and (len(tp) != 2 or not 0 <= tp[0] < tp[1]):
@@ -121,7 +124,8 @@ class AdapterPool:
         self.max_loras = max_loras
         backend = Backend("cpu") if name == "cpu" else Backend.for_device(name, device.index or 0)
         try:
-            model = Model(base_dir, padded_vocab)
+            model = Model(base_dir, padded_vocab, embed_tensor=embed_tensor, lmhead_tensor=lmhead_tensor,
+                          embed_module=embed_module, lmhead_module=lmhead_module)
         except BaseException:
             backend.close()
             raise
