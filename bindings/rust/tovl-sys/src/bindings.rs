@@ -1602,12 +1602,17 @@ pub struct tovl_model_info {
     pub embed_dtype: *const ::std::os::raw::c_char,
     pub lmhead_file: *const ::std::os::raw::c_char,
     pub lmhead_dtype: *const ::std::os::raw::c_char,
+    pub embed_tensor: *const ::std::os::raw::c_char,
+    pub lmhead_tensor: *const ::std::os::raw::c_char,
+    pub embed_module: *const ::std::os::raw::c_char,
+    pub lmhead_module: *const ::std::os::raw::c_char,
+    pub layout: *const ::std::os::raw::c_char,
 }
 #[test]
 fn bindgen_test_layout_tovl_model_info() {
     assert_eq!(
         ::std::mem::size_of::<tovl_model_info>(),
-        56usize,
+        96usize,
         concat!("Size of: ", stringify!(tovl_model_info))
     );
     assert_eq!(
@@ -1775,6 +1780,180 @@ fn bindgen_test_layout_tovl_model_info() {
         );
     }
     test_field_lmhead_dtype();
+    fn test_field_embed_tensor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).embed_tensor) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_info),
+                "::",
+                stringify!(embed_tensor)
+            )
+        );
+    }
+    test_field_embed_tensor();
+    fn test_field_lmhead_tensor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lmhead_tensor) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_info),
+                "::",
+                stringify!(lmhead_tensor)
+            )
+        );
+    }
+    test_field_lmhead_tensor();
+    fn test_field_embed_module() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).embed_module) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_info),
+                "::",
+                stringify!(embed_module)
+            )
+        );
+    }
+    test_field_embed_module();
+    fn test_field_lmhead_module() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lmhead_module) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_info),
+                "::",
+                stringify!(lmhead_module)
+            )
+        );
+    }
+    test_field_lmhead_module();
+    fn test_field_layout() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).layout) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_info),
+                "::",
+                stringify!(layout)
+            )
+        );
+    }
+    test_field_layout();
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct tovl_model_names {
+    pub embed_tensor: *const ::std::os::raw::c_char,
+    pub lmhead_tensor: *const ::std::os::raw::c_char,
+    pub embed_module: *const ::std::os::raw::c_char,
+    pub lmhead_module: *const ::std::os::raw::c_char,
+}
+#[test]
+fn bindgen_test_layout_tovl_model_names() {
+    assert_eq!(
+        ::std::mem::size_of::<tovl_model_names>(),
+        32usize,
+        concat!("Size of: ", stringify!(tovl_model_names))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<tovl_model_names>(),
+        8usize,
+        concat!("Alignment of ", stringify!(tovl_model_names))
+    );
+    fn test_field_embed_tensor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_names>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).embed_tensor) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_names),
+                "::",
+                stringify!(embed_tensor)
+            )
+        );
+    }
+    test_field_embed_tensor();
+    fn test_field_lmhead_tensor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_names>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lmhead_tensor) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_names),
+                "::",
+                stringify!(lmhead_tensor)
+            )
+        );
+    }
+    test_field_lmhead_tensor();
+    fn test_field_embed_module() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_names>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).embed_module) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_names),
+                "::",
+                stringify!(embed_module)
+            )
+        );
+    }
+    test_field_embed_module();
+    fn test_field_lmhead_module() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_model_names>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lmhead_module) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_model_names),
+                "::",
+                stringify!(lmhead_module)
+            )
+        );
+    }
+    test_field_lmhead_module();
 }
 extern "C" {
     pub fn tovl_model_open(
@@ -1784,7 +1963,22 @@ extern "C" {
     ) -> tovl_status;
 }
 extern "C" {
+    pub fn tovl_model_open_named(
+        dir: *const ::std::os::raw::c_char,
+        padded_vocab: u32,
+        names: *const tovl_model_names,
+        out: *mut *mut tovl_model,
+    ) -> tovl_status;
+}
+extern "C" {
     pub fn tovl_model_close(model: *mut tovl_model);
+}
+extern "C" {
+    pub fn tovl_model_set_modules(
+        model: *mut tovl_model,
+        embed_module: *const ::std::os::raw::c_char,
+        lmhead_module: *const ::std::os::raw::c_char,
+    ) -> tovl_status;
 }
 extern "C" {
     pub fn tovl_model_get_info(model: *const tovl_model) -> *const tovl_model_info;
@@ -1828,12 +2022,13 @@ pub struct tovl_adapter_source {
     pub width: u32,
     pub ids: *const u32,
     pub config_field: *const ::std::os::raw::c_char,
+    pub module_path: *const ::std::os::raw::c_char,
 }
 #[test]
 fn bindgen_test_layout_tovl_adapter_source() {
     assert_eq!(
         ::std::mem::size_of::<tovl_adapter_source>(),
-        56usize,
+        64usize,
         concat!("Size of: ", stringify!(tovl_adapter_source))
     );
     assert_eq!(
@@ -1994,6 +2189,23 @@ fn bindgen_test_layout_tovl_adapter_source() {
         );
     }
     test_field_config_field();
+    fn test_field_module_path() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<tovl_adapter_source>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).module_path) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(tovl_adapter_source),
+                "::",
+                stringify!(module_path)
+            )
+        );
+    }
+    test_field_module_path();
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
