@@ -2,7 +2,8 @@
 #   make run    set up, build, run the conformance suite on every backend present,
 #               then serve one mixed batch of the fixture adapters through `tovl run`
 #   make test   set up, build, and run the whole test suite through CTest, then
-#               again under ASan+UBSan (scripts/sanitize.sh), then the release
+#               again under ASan+UBSan (scripts/sanitize.sh), the Python
+#               package's suite (scripts/setup-python.sh), then the release
 #               artifacts from one Release build (make dist; -O3, whose warnings
 #               differ from -O2's), that build installed and an example consumer
 #               built against the installed tree (scripts/check-install.sh), and
@@ -23,10 +24,10 @@ run: build
 test: build
 	ctest --preset default -j $(JOBS)
 	JOBS=$(JOBS) scripts/sanitize.sh
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) scripts/setup-python.sh
 	JOBS=$(JOBS) scripts/dist.sh
 	JOBS=$(JOBS) scripts/check-install.sh build-dist
 	scripts/check-dist.sh dist
-	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) scripts/setup-python.sh
 
 dist: setup
 	JOBS=$(JOBS) scripts/dist.sh

@@ -3,7 +3,7 @@
 # source tree's build:
 #   SHA256SUMS  every file of dist/ matches it
 #   the wheel   into a fresh virtual environment with torch and numpy from PyPI
-#               (binary wheels only) and no compiler on PATH: the `tovl` console
+#               and no compiler on PATH: the `tovl` console
 #               script (--version, devices, conform on cpu), then, from outside the
 #               tree, import tovl, tovl.backends(), the ops on CPU tensors and an
 #               AdapterPool serving a fixture adapter (scripts/lib/wheel-smoke.py)
@@ -11,8 +11,13 @@
 #               examples/ built against its usr/ via find_package and pkg-config,
 #               shared and static, and run (scripts/check-install.sh --installed)
 #   the tarball the same, unpacked anywhere
-# The environment is removed afterwards (torch from PyPI is several GB; pip's
-# cache, ~/.cache/pip, makes the next one quicker).
+# torch (with its CUDA libraries, 4 GB from PyPI) is the test environment's,
+# $TOVL_VENV (default ~/.cache/tovl/venv, made by scripts/setup-python.sh from
+# PyPI), linked into the fresh environment with its requirements and nothing
+# else (scripts/lib/link-dists.py): downloading it again took longer than the
+# rest of `make test`. Without that environment, or with
+# TOVL_CHECK_DIST_TORCH=pypi, pip installs torch from PyPI (binary wheels only)
+# into the fresh one. The fresh environment is removed afterwards.
 #
 # Usage: scripts/check-dist.sh [DIST_DIR]   (default dist/)
 # Env: TOVL_CHECK_DIST_DEVICE  the device of the wheel's checks (default cpu; cuda
@@ -61,9 +66,16 @@ nocc="$venv/bin:$tools"
 for cc in cc gcc clang nvcc hipcc c++ g++ ld cmake; do
   if PATH=$nocc command -v "$cc" >/dev/null 2>&1; then die "$cc is on the wheel check's PATH"; fi
 done
-say "installing torch and numpy from PyPI (binary wheels only) into a fresh environment"
-PATH=$nocc "$venv/bin/python" -m pip install -q --only-binary=:all: torch numpy >"$work/pip-torch.log" 2>&1 \
-  || { tail -20 "$work/pip-torch.log"; die "pip install torch numpy"; }
+test_venv=${TOVL_VENV:-$HOME/.cache/tovl/venv}
+if [ "${TOVL_CHECK_DIST_TORCH:-}" != pypi ] && "$test_venv/bin/python" -c 'import torch, numpy, packaging' 2>/dev/null; then
+  say "a fresh environment, with torch and numpy (and their requirements) of $test_venv linked in"
+  "$test_venv/bin/python" "$src/scripts/lib/link-dists.py" "$work/borrowed" torch numpy >/dev/null
+  echo "$work/borrowed" >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/borrowed.pth"
+else
+  say "a fresh environment, with torch and numpy from PyPI (binary wheels only)"
+  PATH=$nocc "$venv/bin/python" -m pip install -q --only-binary=:all: torch numpy >"$work/pip-torch.log" 2>&1 \
+    || { tail -20 "$work/pip-torch.log"; die "pip install torch numpy"; }
+fi
 say "  torch $("$venv/bin/python" -c 'import torch; print(torch.__version__)') ($(elapsed))"
 say "installing $(basename "$wheel")"
 PATH=$nocc "$venv/bin/python" -m pip install -q --only-binary=:all: "$wheel" >"$work/pip-wheel.log" 2>&1 \

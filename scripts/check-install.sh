@@ -127,4 +127,4 @@ for backend in ${TOVL_CONSUMER_BACKENDS:-cpu auto}; do
   step "  consumers on '$backend': $(grep '^consumer: backend' "$work/run.log" | sed 's/consumer: backend //')"
 done
 failed=0
-step "OK: installed, relocated, 4 consumers built (CMake shared/static, pkg-config shared/static), $runs runs passed"
+step "OK: $([ -n "$installed" ] && echo "installed tree" || echo "installed, relocated"), 4 consumers built (CMake shared/static, pkg-config shared/static), $runs runs passed"
