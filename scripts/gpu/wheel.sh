@@ -2,9 +2,10 @@
 # The release wheel on the GPU machine, from the repo root: dist/'s wheel,
 # carried in .gpubuild/ by scripts/gpu-prepare.sh, installed into a fresh
 # virtual environment. The machine reaches no package index, so the
-# environment sees the image's own torch and numpy (--system-site-packages)
-# and tovl comes from the wheel alone (no TOVL_LIBRARY, no source tree on
-# sys.path, run from /tmp). Runs:
+# environment sees the image's own torch and numpy (a .pth file naming the
+# site-packages of the image's python3, which may itself be a virtual
+# environment) and tovl comes from the wheel alone (no TOVL_LIBRARY, no
+# source tree on sys.path, run from /tmp). Runs:
 #   1. pip install of the wheel (--no-index --no-deps);
 #   2. the `tovl` console script: --version, devices, conform on cuda and on vulkan;
 #   3. scripts/lib/wheel-smoke.py --device cuda: import tovl, tovl.backends(),
@@ -23,8 +24,10 @@ echo "wheel: $(basename "$wheel")"
 venv=/tmp/tovl-wheel-venv
 rm -rf "$venv"
 # The image's python may lack ensurepip: then the environment borrows the
-# image's pip, which installs into the environment it runs in.
-python3 -m venv --system-site-packages "$venv" 2>/dev/null || python3 -m venv --system-site-packages --without-pip "$venv"
+# image's pip too, which installs into the environment it runs in.
+python3 -m venv "$venv" 2>/dev/null || { rm -rf "$venv"; python3 -m venv --without-pip "$venv"; }
+python3 -c 'import site; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' \
+  > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/image-site.pth"
 unset TOVL_LIBRARY PYTHONPATH
 cd /tmp
 step install "$venv/bin/python" -m pip install --no-index --no-deps "$wheel"
