@@ -10,24 +10,25 @@ include(GNUInstallDirs)
 set(TOVL_PACKAGE_MAINTAINER "tovl maintainers <maintainers@tovl.invalid>" CACHE STRING
     "Maintainer field of the .deb (name <address>)")
 
-# The docs: the README, the changelog and docs/*.md.
+# The docs: the README, the changelog and docs/*.md but INSTALL.md.
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/CHANGELOG.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR}
-        FILES_MATCHING PATTERN "*.md")
+        FILES_MATCHING PATTERN "*.md" PATTERN "INSTALL.md" EXCLUDE) # how to install these very files
 
 # What Debian policy asks of every package beside the docs: a copyright file
 # and a changelog in Debian's format, gzip -9n. Their own component, which only
 # the .deb includes. The date is SOURCE_DATE_EPOCH's when set (scripts/dist.sh
 # sets it to the commit's time), so the same commit gives the same file.
+# EXCLUDE_FROM_ALL: a plain `cmake --install` leaves them out.
 string(TIMESTAMP TOVL_PACKAGE_DATE "%a, %d %b %Y %H:%M:%S +0000" UTC)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/debian/changelog.in ${PROJECT_BINARY_DIR}/debian/changelog @ONLY)
 find_program(TOVL_GZIP gzip)
 if(TOVL_GZIP)
   execute_process(COMMAND ${TOVL_GZIP} -9nf ${PROJECT_BINARY_DIR}/debian/changelog RESULT_VARIABLE gzip_rc)
   if(gzip_rc EQUAL 0)
-    install(FILES ${PROJECT_BINARY_DIR}/debian/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT deb)
-    install(FILES ${PROJECT_SOURCE_DIR}/cmake/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT deb)
+    install(FILES ${PROJECT_BINARY_DIR}/debian/changelog.gz DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT deb EXCLUDE_FROM_ALL)
+    install(FILES ${PROJECT_SOURCE_DIR}/cmake/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT deb EXCLUDE_FROM_ALL)
   endif()
 endif()
 

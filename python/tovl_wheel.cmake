@@ -8,10 +8,12 @@
 #                          copies; one file under the name the loader asks for);
 #   tovl/bin/tovl          the CLI, linked to that library (RUNPATH $ORIGIN/..),
 #                          which the `tovl` console script runs (tovl/_cli.py).
-# The CLI of the C install links libtovl.a; this one links the shared library,
+# EXCLUDE_FROM_ALL: only an install of that component (scikit-build-core's,
+# scripts/dist.sh's) puts them in; a plain `cmake --install` of the same build
+# is the C install alone. The CLI of the C install links libtovl.a; this one links the shared library,
 # so the wheel carries the CUDA fatbin and the HIP code objects once, not twice.
 function(tovl_wheel_install)
-  install(FILES $<TARGET_FILE:tovl> DESTINATION tovl RENAME libtovl.so.${TOVL_ABI_VERSION} COMPONENT python)
+  install(FILES $<TARGET_FILE:tovl> DESTINATION tovl RENAME libtovl.so.${TOVL_ABI_VERSION} COMPONENT python EXCLUDE_FROM_ALL)
   if(NOT TARGET tovl_cli)
     return() # TOVL_BUILD_TOOLS=OFF: a package without the CLI
   endif()
@@ -25,6 +27,6 @@ function(tovl_wheel_install)
     OUTPUT_NAME tovl
     RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/python-bin
     INSTALL_RPATH "$ORIGIN/..")
-  install(TARGETS tovl_cli_wheel RUNTIME DESTINATION tovl/bin COMPONENT python)
+  install(TARGETS tovl_cli_wheel RUNTIME DESTINATION tovl/bin COMPONENT python EXCLUDE_FROM_ALL)
 endfunction()
 cmake_language(DEFER DIRECTORY ${CMAKE_SOURCE_DIR} CALL tovl_wheel_install)
