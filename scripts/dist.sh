@@ -34,6 +34,7 @@ elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 
 version=$(sed -n 's/^#define TOVL_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' include/tovl/tovl.h | paste -sd.)
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "cannot read the version from include/tovl/tovl.h (got '$version')"
+grep -q "^## $version\b" CHANGELOG.md || die "CHANGELOG.md has no '## $version' section for this release"
 # Dates inside the artifacts are the commit's, so one commit gives the same files.
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null || date +%s)
 export SOURCE_DATE_EPOCH
