@@ -8,8 +8,10 @@
 
 static _Thread_local char last_error[TOVL_ERROR_DETAIL_MAX];
 
+#define TOVL_STR_(x) #x
+#define TOVL_STR(x) TOVL_STR_(x)
 const char *tovl_version(void) {
-    return "0.1.0";
+    return TOVL_STR(TOVL_VERSION_MAJOR) "." TOVL_STR(TOVL_VERSION_MINOR) "." TOVL_STR(TOVL_VERSION_PATCH);
 }
 
 const char *tovl_status_str(tovl_status status) {

@@ -6,10 +6,14 @@
 # The prefix is moved after installing, so both routes must be relocatable.
 #
 # Usage: scripts/check-install.sh [BUILD_DIR]
+#        scripts/check-install.sh --installed PREFIX
 #   BUILD_DIR   an already configured build tree to build and install
 #               (default: a fresh Release build, without tests, under the
-#               temporary directory: what a packager builds, and the only
-#               -O3 build of the host code that `make test` makes)
+#               temporary directory: what a packager builds; `make test`
+#               passes build-dist/, the release build of scripts/dist.sh)
+#   --installed PREFIX  no build: check a tree installed otherwise, such as
+#               the .deb unpacked (PREFIX = its usr/) or the release tarball
+#               (scripts/check-dist.sh)
 # Env: TOVL_CONSUMER_BACKENDS  backends the consumers run on (default "cpu auto")
 #      KEEP=1                  keep the temporary directory
 set -euo pipefail
@@ -24,26 +28,37 @@ step() { echo "check-install: $*"; }
 die() { echo "check-install: FAILED: $*" >&2; exit 1; }
 
 build=${1:-}
-if [ -z "$build" ]; then
+installed=
+if [ "$build" = --installed ]; then
+  installed=${2:?"--installed needs a PREFIX"}
+  [ -d "$installed" ] || die "no installed tree at $installed"
+  prefix=$(cd "$installed" && pwd)
+  build=
+fi
+if [ -n "$installed" ]; then
+  step "checking the installed tree $prefix"
+elif [ -z "$build" ]; then
   build=$work/build
   step "configuring a fresh build in $build"
   cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTOVL_BUILD_TESTS=OFF >"$work/configure.log" 2>&1 \
     || { tail -30 "$work/configure.log"; die "configure"; }
 fi
-[ -f "$build/CMakeCache.txt" ] || die "$build is not a configured build tree"
-build=$(cd "$build" && pwd) # absolute: it is also searched for in the installed files
-step "building $build"
-cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; die "build"; }
+if [ -z "$installed" ]; then # build, install into a staging prefix, relocate
+  [ -f "$build/CMakeCache.txt" ] || die "$build is not a configured build tree"
+  build=$(cd "$build" && pwd) # absolute: it is also searched for in the installed files
+  step "building $build"
+  cmake --build "$build" -j "$jobs" >"$work/build.log" 2>&1 || { tail -30 "$work/build.log"; die "build"; }
 
-staged=$work/staged
-step "installing into $staged"
-cmake --install "$build" --prefix "$staged" >"$work/install.log" 2>&1 || { tail -30 "$work/install.log"; die "install"; }
-# Relocate: nothing may point back at the staging prefix or the build tree.
-prefix=$work/prefix
-mv "$staged" "$prefix"
-if grep -rIl -e "$staged" -e "$build" "$prefix" >/dev/null 2>&1; then
-  grep -rIn -e "$staged" -e "$build" "$prefix" | head -5
-  die "the installed tree names the staging prefix or the build tree"
+  staged=$work/staged
+  step "installing into $staged"
+  cmake --install "$build" --prefix "$staged" >"$work/install.log" 2>&1 || { tail -30 "$work/install.log"; die "install"; }
+  # Relocate: nothing may point back at the staging prefix or the build tree.
+  prefix=$work/prefix
+  mv "$staged" "$prefix"
+  if grep -rIl -e "$staged" -e "$build" "$prefix" >/dev/null 2>&1; then
+    grep -rIn -e "$staged" -e "$build" "$prefix" | head -5
+    die "the installed tree names the staging prefix or the build tree"
+  fi
 fi
 
 libdir=$(dirname "$(find "$prefix" -name tovl.pc -path '*/pkgconfig/*' | head -1)")/..
@@ -112,4 +127,4 @@ for backend in ${TOVL_CONSUMER_BACKENDS:-cpu auto}; do
   step "  consumers on '$backend': $(grep '^consumer: backend' "$work/run.log" | sed 's/consumer: backend //')"
 done
 failed=0
-step "OK: installed, relocated, 4 consumers built (CMake shared/static, pkg-config shared/static), $runs runs passed"
+step "OK: $([ -n "$installed" ] && echo "installed tree" || echo "installed, relocated"), 4 consumers built (CMake shared/static, pkg-config shared/static), $runs runs passed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares, on a development machine (Debian 12, no GPU), everything one call
 # on a GPU machine needs: a build in build-gpu/ (CUDA fatbin, Vulkan shaders,
-# HIP-on-CUDA test image), the Vulkan loader packages in .gl/ and the shared
+# HIP-on-CUDA test image) and the release wheel (scripts/dist.sh) in .gpubuild/,
+# the Vulkan loader packages in .gl/ and the shared
 # libraries the test binaries need in .gpulibs/ (the GPU image has no package
 # registry). Then, with the device tool:
 #   run: bash scripts/gpu-suite.sh all   carry: .gl .gpulibs .gpubuild
@@ -82,5 +83,9 @@ fi
 (cd build-gpu && find . -name '*.o' -delete && rm -f backends/cuda/*_fatbin.c backends/hip/*_bundle.c libtovl.a &&
   find . -type f \( -name 'test_*' -o -name 'tovl' -o -name 'tovl-*' -o -name 'libtovl.so*' \) -exec strip --strip-debug {} + 2>/dev/null || true)
 mkdir -p .gpubuild && tar -cJf .gpubuild/build-gpu.tar.xz build-gpu
+# 5. The release wheel, for scripts/gpu/wheel.sh: made by scripts/dist.sh from
+#    this checkout (its build-dist/ is reused; 5 MB).
+JOBS=$(nproc) scripts/dist.sh
+rm -f .gpubuild/tovl-*.whl && cp dist/tovl-*-manylinux_*_x86_64.whl .gpubuild/
 du -sh .gpubuild .gl .gpulibs
 echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh all' on the GPU machine carrying .gl .gpulibs .gpubuild"

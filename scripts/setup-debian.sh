@@ -13,6 +13,7 @@ packages=(
   hipcc libamdhip64-dev rocm-device-libs llvm-15 clang-15
   valgrind clang libclang-rt-14-dev
   bindgen
+  dpkg-dev lintian
 )
 # Extra packages a component asks for (one per line), e.g. scripts/packages-hip.txt.
 for f in "$(dirname "$0")"/packages-*.txt; do

@@ -319,11 +319,17 @@ _OPTIONAL_PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
 
 
 def library_path() -> Path:
-    """The libtovl.so to load: $TOVL_LIBRARY when set (a development build), else the bundled one."""
+    """The libtovl.so to load: $TOVL_LIBRARY when set (a development build), else the bundled one.
+
+    The package bundles the library under its SONAME, libtovl.so.<ABI>
+    (python/tovl_wheel.cmake), the name its CLI asks the loader for.
+    """
     override = os.environ.get("TOVL_LIBRARY")
     if override:
         return Path(override)
-    return Path(__file__).with_name("libtovl.so")
+    here = Path(__file__).parent
+    bundled = sorted(here.glob("libtovl.so.*"))
+    return bundled[0] if bundled else here / "libtovl.so.<ABI>"
 
 
 def _load() -> ctypes.CDLL:
