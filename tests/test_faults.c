@@ -54,6 +54,8 @@ static void reset_counters(void) {
     }
     w->lookups = 0;
     w->fail_lookup_at = 0;
+    w->writes = 0;
+    w->fail_write_at = 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -378,6 +380,105 @@ Test(faults, from_slots_every_allocation_and_upload) {
         for (uint32_t s = 0; s < a.max_loras; s++) tovl_embed_overlay_release(a.ov[s]);
         cr_assert_eq(tu_live(w), live0, "an overlay outlived its last reference");
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fixed-shape sets: create, and every way a load can fail                   */
+/* ------------------------------------------------------------------------ */
+static tovl_status op_create(void *arg) {
+    const uint32_t *max_loras = arg;
+    tovl_token_overlay_set *set = (tovl_token_overlay_set *)&set;
+    const tovl_set_shape shape = {*max_loras, V, HID, true, 12, 12};
+    tovl_status st = tovl_token_overlay_set_create(be, &shape, &set);
+    if (st == TOVL_OK) {
+        tovl_token_overlay_set_destroy(set);
+    } else {
+        cr_assert_null(set, "create failed but handed out a set");
+    }
+    return st;
+}
+
+/* A slot's six table entries as the device holds them (never injected). */
+static void fixed_entries(const tovl_token_overlay_set *set, uint32_t s, uint64_t out[6]) {
+    const long saved_download = w->fail_download_at;
+    w->fail_download_at = 0;
+    const tovl_overlay_tables t = tovl_token_overlay_set_tables(set);
+    const tovl_devptr at[6] = {t.embed_slot_map_table + 8u * s, t.embed_rows_table + 8u * s,
+                               t.lmhead_rows_table + 8u * s,    t.lmhead_ids_table + 8u * s,
+                               t.embed_n_table + 4u * s,        t.n_override_table + 4u * s};
+    for (int i = 0; i < 6; i++) {
+        out[i] = 0;
+        cr_assert_eq(tovl_download(be, &out[i], at[i], i < 4 ? 8 : 4), TOVL_OK);
+    }
+    w->fail_download_at = saved_download;
+}
+
+/* Load B over A (or unload A) with one failure injected: an error with the
+ * injected detail, slot 0 still A on the host and on the device, nothing leaked. */
+static void expect_failed_swap(tovl_token_overlay_set *set, tovl_embed_overlay *a, tovl_embed_overlay *b,
+                               const char *what) {
+    uint64_t before[6], after[6];
+    fixed_entries(set, 0, before);
+    const long live = tu_live(w);
+    tovl_status st = b ? tovl_token_overlay_set_load(set, 0, b, NULL) : tovl_token_overlay_set_unload(set, 0, NULL);
+    w->fail_write_at = w->fail_upload_at = w->fail_sync_at = 0;
+    cr_assert_neq(st, TOVL_OK, "%s was not reported", what);
+    cr_assert(strstr(tovl_last_error(), "injected"), "%s: the detail is not the injected failure's: %s", what,
+              tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_slot(set, 0), a, "%s: slot 0 lost its adapter", what);
+    fixed_entries(set, 0, after);
+    cr_assert_eq(memcmp(before, after, sizeof before), 0, "%s: slot 0's table entries changed", what);
+    cr_assert_eq(tu_live(w), live, "%s: device allocations changed", what);
+}
+
+Test(faults, fixed_set_create_every_allocation_and_upload) {
+    const uint32_t sizes[] = {1, MAXL, 256};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint32_t max_loras = sizes[i];
+        char name[48];
+        snprintf(name, sizeof name, "create (max_loras %u)", max_loras);
+        cr_assert_geq(drive(name, op_create, &max_loras), 2, "one allocation and one upload");
+    }
+}
+
+Test(faults, fixed_set_loads_fail_cleanly_on_both_paths) {
+    tovl_embed_overlay *a = NULL, *b = NULL;
+    cr_assert_eq(build_slot(0, true, &a), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(build_slot(2, true, &b), TOVL_OK, "%s", tovl_last_error());
+    const tovl_set_shape shape = {MAXL, V, HID, true, 12, 12};
+    tovl_token_overlay_set *set = NULL;
+    cr_assert_eq(tovl_token_overlay_set_create(be, &shape, &set), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_load(set, 0, a, NULL), TOVL_OK, "%s", tovl_last_error());
+    /* Version 2: the whole stream-ordered write fails. */
+    reset_counters();
+    w->fail_write_at = 1;
+    expect_failed_swap(set, a, b, "a load with write_async failing");
+    reset_counters();
+    w->fail_write_at = 1;
+    expect_failed_swap(set, a, NULL, "an unload with write_async failing");
+    /* Version 1: the stream's synchronize, then each of the six uploads, the
+     * entries already written put back. */
+    w->iface.iface_version = 1;
+    for (long n = 0; n <= 6; n++) {
+        reset_counters();
+        char what[64];
+        if (n == 0) {
+            w->fail_sync_at = 1;
+            snprintf(what, sizeof what, "a version-1 load with synchronize failing");
+        } else {
+            w->fail_upload_at = n;
+            snprintf(what, sizeof what, "a version-1 load with upload %ld of 6 failing", n);
+        }
+        expect_failed_swap(set, a, b, what);
+    }
+    reset_counters();
+    cr_assert_eq(tovl_token_overlay_set_load(set, 0, b, NULL), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(w->uploads, 6, "a version-1 load writes six entries");
+    w->iface.iface_version = TOVL_BACKEND_IFACE_VERSION;
+    tovl_token_overlay_set_destroy(set);
+    tovl_embed_overlay_release(a);
+    tovl_embed_overlay_release(b);
+    expect_golden_unchanged("fixed-shape set loads");
 }
 
 /* ------------------------------------------------------------------------ */
