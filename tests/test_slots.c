@@ -12,22 +12,21 @@
 #include "slots_check.h"
 #include "testutil.h"
 
-Test(slots, rounds_untied_against_from_slots, .timeout = 300) {
+static void cpu_rounds(bool tied, const char *tag) {
     tovl_backend *be = NULL;
     cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
     slots_eager e = {.be = be};
     slots_replayer rp = slots_eager_replayer(&e);
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = false, .capacity = 12}, "slots_cpu_untied");
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = tied, .capacity = 12}, tag);
     tovl_backend_close(be);
 }
 
+Test(slots, rounds_untied_against_from_slots, .timeout = 300) {
+    cpu_rounds(false, "slots_cpu_untied");
+}
+
 Test(slots, rounds_tied_against_from_slots, .timeout = 300) {
-    tovl_backend *be = NULL;
-    cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
-    slots_eager e = {.be = be};
-    slots_replayer rp = slots_eager_replayer(&e);
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = true, .capacity = 12}, "slots_cpu_tied");
-    tovl_backend_close(be);
+    cpu_rounds(true, "slots_cpu_tied");
 }
 
 /* The core's version-1 path (synchronize, then upload) serves the same bits. */
