@@ -79,10 +79,12 @@ if [ -f /usr/lib/x86_64-linux-gnu/libVkLayer_khronos_validation.so ]; then
   xz -T0 -f .gpulibs/libVkLayer_khronos_validation.so
 fi
 # 4. The build, packed: the device tool carries at most 64 MiB, and every test
-#    binary embeds the same fatbin and code-object bundle, which xz folds.
+#    binary embeds the same fatbin and code-object bundle, which xz folds when
+#    its dictionary spans them (about 720 MB to 5 MB; xz's default 8 MiB
+#    dictionary leaves each copy in).
 (cd build-gpu && find . -name '*.o' -delete && rm -f backends/cuda/*_fatbin.c backends/hip/*_bundle.c libtovl.a &&
   find . -type f \( -name 'test_*' -o -name 'tovl' -o -name 'tovl-*' -o -name 'libtovl.so*' \) -exec strip --strip-debug {} + 2>/dev/null || true)
-mkdir -p .gpubuild && tar -cJf .gpubuild/build-gpu.tar.xz build-gpu
+mkdir -p .gpubuild && tar -c build-gpu | xz -T1 --lzma2=preset=6,dict=768MiB > .gpubuild/build-gpu.tar.xz
 # 5. The release wheel, for scripts/gpu/wheel.sh: made by scripts/dist.sh from
 #    this checkout (its build-dist/ is reused; 5 MB).
 JOBS=$(nproc) scripts/dist.sh

@@ -12,15 +12,22 @@
 # tools on the CUDA conformance suite, the large lm_head tiles and the HIP
 # port's run (about a minute on the H200); all: both (one device call is
 # enough). PARTs (cuda, vulkan, ...: scripts/gpu/PART.sh) run only those parts
-# of check, without its ctest and conformance steps.
+# of check, without its ctest and conformance steps unless the part "tests"
+# is named too (a check too long for one 10-minute call runs in pieces).
 set -uo pipefail
 phase=${1:-all}
 case "$phase" in all|check|sanitize) ;; *) echo "usage: gpu-suite.sh [all|check|sanitize] [PART...]"; exit 2;; esac
 shift $(( $# > 0 ? 1 : 0 ))
 parts=("$@")
-for p in "${parts[@]}"; do
-  [ -f "$(dirname "$0")/gpu/$p.sh" ] || { echo "gpu-suite.sh: no part '$p' (scripts/gpu/$p.sh)"; exit 2; }
-done
+# The part "tests" is check's own ctest and conformance steps.
+tests=1
+if [ ${#parts[@]} -gt 0 ]; then
+  tests=0
+  for p in "${parts[@]}"; do
+    [ "$p" = tests ] && { tests=1; continue; }
+    [ -f "$(dirname "$0")/gpu/$p.sh" ] || { echo "gpu-suite.sh: no part '$p' (scripts/gpu/$p.sh)"; exit 2; }
+  done
+fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 final_out=${OUT:-/tmp/tovl-gpu-out}
 export OUT=/tmp/tovl-gpu-logs
@@ -81,11 +88,11 @@ if [ "$phase" != sanitize ]; then
   # machine's tools (llvm-objdump, spirv-dis, the build's cmake), which the GPU image lacks,
   # and the host emulators of the CUDA and HIP kernels (no GPU in them; the HIP one alone
   # took 218 s of this step on the H200): CI runs all of them on every submission.
-  [ ${#parts[@]} -eq 0 ] && step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4 \
+  [ "$tests" = 1 ] && step ctest tovl_env ctest --test-dir build-gpu --output-on-failure -j 4 \
     -E 'test_tp_cli_|test_tp_bench_|test_cpu_no_fma|test_hip_no_fused_fp|test_hip_fused_check_sees_contraction|test_vulkan_spirv_no_contraction|test_api_doc_lists_every_function|test_cuda_emu|test_hip_emu'
   ls /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ > "$OUT/vulkan-icds.txt" 2>&1
   VK_LOADER_DEBUG=error,warn,driver tovl_env build-gpu/tools/tovl devices > "$OUT/vulkan-loader.txt" 2>&1
-  [ ${#parts[@]} -eq 0 ] && step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json" \
+  [ "$tests" = 1 ] && step conform tovl_env build-gpu/tools/tovl conform --json "$OUT/conform.json" \
     --junit "$OUT/conform.xml"
   for part in scripts/gpu/*.sh; do
     [ -f "$part" ] || continue
