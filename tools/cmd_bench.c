@@ -1018,8 +1018,8 @@ static bool parse_u32(const char *text, uint32_t *out) {
 
 /* A comma-separated list of whole numbers in 1 .. limit, at most max_count
  * of them (--tokens, --capacity); false, with the message printed, else. */
-static bool parse_list(const char *option, const char *what, const char *text, uint32_t limit, uint32_t max_count,
-                       uint32_t *out, uint32_t *n) {
+static bool parse_list(const char *option, const char *what, const char *plural, const char *text, uint32_t limit,
+                       uint32_t max_count, uint32_t *out, uint32_t *n) {
     *n = 0;
     const char *p = text;
     for (;;) {
@@ -1031,7 +1031,7 @@ static bool parse_list(const char *option, const char *what, const char *text, u
             return false;
         }
         if (*n == max_count) {
-            fprintf(stderr, "tovl bench: %s '%s': more than %u values\n", option, text, max_count);
+            fprintf(stderr, "tovl bench: %s '%s': more than %u %s\n", option, text, max_count, plural);
             return false;
         }
         out[(*n)++] = (uint32_t)v;
@@ -1077,12 +1077,12 @@ static int parse_options(int argc, char **argv, bench_options *o) {
             o->repeats = 3;
             o->rowdiff_rows = 2048;
         } else if (c == 't') {
-            if (!parse_list("--tokens", "batch size", value, BENCH_MAX_T, BENCH_MAX_SIZES, o->tokens, &o->n_tokens)) {
+            if (!parse_list("--tokens", "batch size", "sizes", value, BENCH_MAX_T, BENCH_MAX_SIZES, o->tokens, &o->n_tokens)) {
                 return 2;
             }
             tokens_given = true;
         } else if (c == 'c') {
-            if (!parse_list("--capacity", "capacity", value, 65535, BENCH_MAX_CAPS, o->caps, &o->n_caps)) {
+            if (!parse_list("--capacity", "capacity", "capacities", value, 65535, BENCH_MAX_CAPS, o->caps, &o->n_caps)) {
                 return 2;
             }
         } else if (c == 'w') {
