@@ -19,9 +19,14 @@ function(tovl_wheel_install)
   endif()
   get_target_property(sources tovl_cli SOURCES)
   list(TRANSFORM sources PREPEND ${PROJECT_SOURCE_DIR}/tools/)
-  add_executable(tovl_cli_wheel ${sources} ${PROJECT_SOURCE_DIR}/tools/conform.c)
+  # The conformance suite's sources (tools/CMakeLists.txt's tovl_conform, which
+  # links libtovl.a) built in, with its SHA-256 from nettle.
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(TOVL_WHEEL_NETTLE REQUIRED IMPORTED_TARGET nettle)
+  add_executable(tovl_cli_wheel ${sources} ${PROJECT_SOURCE_DIR}/tools/conform.c
+    ${PROJECT_SOURCE_DIR}/tools/conform_golden.c)
   target_include_directories(tovl_cli_wheel PRIVATE ${PROJECT_SOURCE_DIR}/tools)
-  target_link_libraries(tovl_cli_wheel PRIVATE tovl PkgConfig::CJSON m)
+  target_link_libraries(tovl_cli_wheel PRIVATE tovl PkgConfig::CJSON PkgConfig::TOVL_WHEEL_NETTLE m)
   target_compile_options(tovl_cli_wheel PRIVATE ${TOVL_C_FLAGS})
   set_target_properties(tovl_cli_wheel PROPERTIES
     OUTPUT_NAME tovl
