@@ -229,8 +229,9 @@ void slots_check_rounds(tovl_backend *be, const slots_replayer *rp, const slots_
      * round costs ten times more, take fewer (CMakePresets.json, asan). */
     slots_config capped = *cfg_in;
     const char *cap = getenv("TOVL_SLOTS_ROUNDS");
-    if (cap && *cap && (uint32_t)strtoul(cap, NULL, 10) > 0 && (uint32_t)strtoul(cap, NULL, 10) < capped.rounds) {
-        capped.rounds = (uint32_t)strtoul(cap, NULL, 10);
+    const unsigned long most = cap && *cap ? strtoul(cap, NULL, 10) : 0;
+    if (most > 0 && most < capped.rounds) {
+        capped.rounds = (uint32_t)most;
     }
     const slots_config *cfg = &capped;
     tu_rng r = tu_rng_for(tag);
