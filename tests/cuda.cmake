@@ -32,7 +32,7 @@ if(CMAKE_CXX_COMPILER)
   endif()
   target_compile_options(tovl_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:C>:${TOVL_C_FLAGS}>
                                                $<$<COMPILE_LANGUAGE:CXX>:${emu_cxx_flags}>)
-  tovl_add_test(test_cuda_emu test_cuda_emu.c)
+  tovl_add_parted_test(test_cuda_emu SUITE cuda_emu PARTS "conformance_*" "slots_*" "bench_shape_*" SOURCES test_cuda_emu.c)
   target_link_libraries(test_cuda_emu PRIVATE tovl_cuda_testutil tovl_conform tovl_cuda_emu)
 else()
   message(STATUS "tovl: no C++ compiler: test_cuda_emu (the CUDA kernels emulated on the host) left out")
