@@ -99,5 +99,13 @@ tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overl
         .active_slot = a->active_slot,
         .max_n = set->max_n_override,
     };
-    return tovl_core_launch(set->backend, kernel, a->T, set->max_n_override, &k, sizeof k, stream);
+    /* The logical grid's y: the overlay rows the launch is shaped for. A
+     * fixed-shape set's capacity bounds what a slot may hold, not what it
+     * usually holds, so its launch is shaped for the rows of a typical
+     * adapter and the kernels loop over the columns past them
+     * (kernel_args.h); a grid shaped for the capacity cost 1.4-4.7 times
+     * the from_slots set's launch (docs/PERFORMANCE.md, Fixed-shape sets). */
+    const uint32_t shaped =
+        set->fixed && set->max_n_override > TOVL_SET_SHAPED_ROWS ? TOVL_SET_SHAPED_ROWS : set->max_n_override;
+    return tovl_core_launch(set->backend, kernel, a->T, shaped, &k, sizeof k, stream);
 }

@@ -7,6 +7,10 @@
 
 #include "internal.h"
 
+/* The lm_head rows a fixed-shape set's launch is shaped for (at most its
+ * capacity): a PEFT adapter's trainable or added tokens number tens. */
+#define TOVL_SET_SHAPED_ROWS 64u
+
 /* A replaced overlay of a fixed-shape set, held until the stream that loaded
  * its successor has passed `fence`. */
 typedef struct tovl_retired_overlay {
@@ -22,7 +26,7 @@ struct tovl_token_overlay_set {
     tovl_overlay_tables tables;
     uint32_t vocab, hidden;
     uint32_t max_embed_n;    /* 0: no slot has embed rows, the embed hook never launches */
-    uint32_t max_n_override; /* the lm_head grid.y */
+    uint32_t max_n_override; /* the lm_head kernels' max_n */
     atomic_bool any_active; /* a fixed-shape set's loads change it under `lock` */
     /* The lm_head shard: logits columns [vocab_start, vocab_end) of the served
      * vocab, [0, vocab) for an unsharded set. The lm_head kernels see the
@@ -33,8 +37,9 @@ struct tovl_token_overlay_set {
      * ids at 2s and its rows at 2s + 1 (0 when the slot has no cell there). */
     tovl_devptr *shard_copies;
     /* Fixed-shape sets (tovl_token_overlay_set_create): the six tables are one
-     * allocation that never moves; the lm_head grid.y is lmhead_capacity for
-     * the set's whole life, whatever is loaded. `lock` guards overlays[],
+     * allocation that never moves; max_n is lmhead_capacity for the set's
+     * whole life, whatever is loaded, and the lm_head launch is shaped for
+     * at most TOVL_SET_SHAPED_ROWS of them (hooks.c). `lock` guards overlays[],
      * any_active and retired[] against a loader and a serving thread; the
      * hooks read only fields that never change. */
     bool fixed;

@@ -61,7 +61,7 @@ shared uint pool[2u * STAGE_WORDS];
 const uint COUNT = 0u;   // [256] rows per slot of the window
 const uint SCAN_A = 256u; // [256] prefix-sum values
 const uint SCAN_B = 512u; // [16] prefix-sum run totals
-const uint PICK = 768u;  // found, slot, group
+const uint PICK = 768u;  // found, slot, group; then two words, live[w % 2] (the pick)
 const uint ROWS = 776u;  // [BM] the group's rows
 
 // Inclusive prefix sum of v over the workgroup in two levels: the sums of 16
@@ -162,15 +162,34 @@ void main() {
 
     // The pick: slot by slot, a window of 256 slots at a time, count each
     // slot's rows and take the x-th group of the slots with rows past k0.
+    // A window none of whose slots has rows past k0 is passed over before
+    // the pass over the row slots: the workgroups past every slot's rows (a
+    // fixed-shape set's grid covers its capacity) leave after reading the
+    // row counts. live[w % 2] says window w has such a slot; window w clears
+    // window w + 1's.
     uint before = 0u;
     bool found = false;
     uint s = 0u, g = 0u;
-    for (uint base = 0u; base < args.max_loras; base += LANES) {
+    const uint LIVE = PICK + 3u;
+    if (tid == 0u) {
+        pool[LIVE] = 0u;
+    }
+    barrier();
+    for (uint base = 0u, w = 0u; base < args.max_loras; base += LANES, w ^= 1u) {
+        bool has_rows = base + tid < args.max_loras && rows_of(base + tid) > k0;
         pool[COUNT + tid] = 0u;
         if (tid == 0u) {
             pool[PICK] = 0u;
+            pool[LIVE + (w ^ 1u)] = 0u;
+        }
+        if (has_rows) {
+            pool[LIVE + w] = 1u;
         }
         barrier();
+        if (pool[LIVE + w] == 0u) {
+            barrier(); // uniform; every invocation has read live[w] before the next window clears it
+            continue;
+        }
         uint window_end = min(base + LANES, args.max_loras);
         for (uint t = tid; t < T; t += LANES) {
             int rs = row_slot(args.row_slots, args.active_slot, t);
@@ -180,10 +199,7 @@ void main() {
         }
         barrier();
         uint slot = base + tid;
-        uint groups = 0u;
-        if (slot < window_end && rows_of(slot) > k0) {
-            groups = (pool[COUNT + tid] + BM - 1u) / BM;
-        }
+        uint groups = has_rows ? (pool[COUNT + tid] + BM - 1u) / BM : 0u;
         uint total;
         uint end = before + inclusive_sum(groups, total);
         if (groups > 0u && x >= end - groups && x < end) {

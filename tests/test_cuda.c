@@ -186,6 +186,32 @@ static const struct {
     {100000, 64, TOVL_CUDA_VARIANT_PLAIN, {12508, 4, 1}, "past CUDA's x limit for the row variants"},
 };
 
+/* A fixed-shape set of capacity 256 whose launch is shaped for 64 rows
+ * (kernel_args.h): the variant of 64 rows; the row variants' y widened up to
+ * 4 blocks an SM (528) or the whole capacity, the tiles' y that of 64 rows. */
+Test(cuda_geometry, lmhead_shaped_rows_of_a_fixed_set) {
+    tovl_lmhead_overlay_args a = {.h = 4096, .max_loras = 8, .max_n = 256};
+    const struct {
+        uint32_t T;
+        tovl_cuda_variant variant;
+        uint32_t x, y;
+    } want[] = {
+        {1, TOVL_CUDA_VARIANT_ROW4, 1, 128},    /* 128 blocks: the whole capacity */
+        {8, TOVL_CUDA_VARIANT_ROW4, 8, 66},     /* 528 / 8 */
+        {64, TOVL_CUDA_VARIANT_ROW4Q, 64, 16},  /* 528 / 64 < the 16 of 64 rows */
+        {512, TOVL_CUDA_VARIANT_PLAIN, 72, 4}, /* as for 64 rows */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        a.T = want[i].T;
+        tovl_cuda_launch l;
+        cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){a.T, 64, 1}, &a, &h200, &l), TOVL_OK,
+                     "%s", tovl_last_error());
+        char what[32];
+        snprintf(what, sizeof what, "T = %u, capacity 256", a.T);
+        expect_grid_of(what, &l, want[i].variant, want[i].x, want[i].y, 1);
+    }
+}
+
 Test(cuda_geometry, lmhead_variant_and_blocks) {
     tovl_lmhead_overlay_args a = {.h = 4096, .max_loras = 8};
     tovl_cuda_launch l;

@@ -216,20 +216,32 @@ Test(cuda_emu, lmhead_reads_the_embed_hooks_output, .timeout = 900) {
 
 /* Fixed-shape sets: rounds of random loads and unloads, each followed by the
  * hooks, against from_slots sets on the CPU reference: 1000 on one SM (the
- * tiles), 250 more with the row variant the small batches take. */
-static void slots_on(int lmhead, bool tied, uint32_t rounds, const char *salt) {
-    const tovl_cuda_device_shape shape = {.sm_count = 1};
+ * tiles), 250 more with the row variant the small batches take. Then a
+ * capacity of 160 rows, past the 64 the launch is shaped for (hooks.c), with
+ * two adapters that fill it: on 132 SMs row4q's widened grid loops over the
+ * columns past it; on one SM the tiles loop over theirs, and their blocks
+ * past every slot's rows leave before the pick. */
+static void slots_on(uint32_t sms, int lmhead, bool tied, uint32_t rounds, uint32_t capacity, const char *salt) {
+    const tovl_cuda_device_shape shape = {.sm_count = sms};
     tovl_backend *be = open_emu(&shape, lmhead, salt);
     slots_eager e = {.be = be};
     slots_replayer rp = slots_eager_replayer(&e);
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = 12}, salt);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = capacity}, salt);
     tovl_backend_close(be);
 }
 
 Test(cuda_emu, slots_in_place_as_chosen, .timeout = 900) {
-    slots_on(-1, true, 1000, "cuda_emu_slots_tied");
+    slots_on(1, -1, true, 1000, 12, "cuda_emu_slots_tied");
 }
 
 Test(cuda_emu, slots_in_place_row4q, .timeout = 900) {
-    slots_on(TOVL_CUDA_VARIANT_ROW4Q, false, 250, "cuda_emu_slots_row4q");
+    slots_on(1, TOVL_CUDA_VARIANT_ROW4Q, false, 250, 12, "cuda_emu_slots_row4q");
+}
+
+Test(cuda_emu, slots_past_the_shaped_rows_rows, .timeout = 900) {
+    slots_on(132, -1, false, 40, 160, "cuda_emu_slots_shaped_rows");
+}
+
+Test(cuda_emu, slots_past_the_shaped_rows_tiles, .timeout = 900) {
+    slots_on(1, -1, true, 40, 160, "cuda_emu_slots_shaped_tiles");
 }

@@ -163,12 +163,12 @@ static tovl_backend *open_cuda_or_skip(void) {
     return be;
 }
 
-static void slots_graph(bool tied, const char *tag) {
+static void slots_graph(bool tied, uint32_t capacity, const char *tag) {
     tovl_backend *be = open_cuda_or_skip();
     graph_replayer g = {.cu = tovl_cuda_backend_driver(be)};
     g.stream = cuda_engine_stream_open(be);
     slots_replayer rp = {.record = graph_record, .replay = graph_replay, .load_stream = g.stream, .user = &g};
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = tied, .capacity = 12}, tag);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = tied, .capacity = capacity}, tag);
     g.cu->cuGraphExecDestroy(g.exec);
     g.cu->cuGraphDestroy(g.graph);
     cuda_engine_stream_close(be, g.stream);
@@ -176,11 +176,17 @@ static void slots_graph(bool tied, const char *tag) {
 }
 
 Test(cuda_graph, slots_in_place_under_one_captured_graph_tied, .timeout = 600) {
-    slots_graph(true, "cuda_graph_slots_tied");
+    slots_graph(true, 12, "cuda_graph_slots_tied");
 }
 
 Test(cuda_graph, slots_in_place_under_one_captured_graph_untied, .timeout = 600) {
-    slots_graph(false, "cuda_graph_slots_untied");
+    slots_graph(false, 12, "cuda_graph_slots_untied");
+}
+
+/* A capacity of 160, past the 64 rows the launch is shaped for, with two
+ * adapters that fill it: the kernels loop over the columns past the grid. */
+Test(cuda_graph, slots_past_the_shaped_rows_under_one_captured_graph, .timeout = 600) {
+    slots_graph(false, 160, "cuda_graph_slots_capacity_160");
 }
 
 /* The stream orders a load: a replay enqueued before it (behind 2 ms of

@@ -131,18 +131,25 @@ Test(hip_emu, refuses_other_widths) {
 /* Fixed-shape sets: rounds of random loads and unloads, each followed by the
  * hooks, against from_slots sets on the CPU reference: 1000 at wave 64, 250
  * more at wave 32. */
-static void slots_on(unsigned warp, bool tied, uint32_t rounds, const char *salt) {
-    tovl_backend *be = open_emu(warp, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, salt);
+static void slots_on(unsigned warp, tovl_hip_emu_lmhead lmhead, bool tied, uint32_t rounds, uint32_t capacity,
+                     const char *salt) {
+    tovl_backend *be = open_emu(warp, lmhead, salt);
     slots_eager e = {.be = be};
     slots_replayer rp = slots_eager_replayer(&e);
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = 12}, salt);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = capacity}, salt);
     tovl_backend_close(be);
 }
 
 Test(hip_emu, slots_in_place_wave64, .timeout = 900) {
-    slots_on(64, true, 1000, "hip_emu_slots_wave64");
+    slots_on(64, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, true, 1000, 12, "hip_emu_slots_wave64");
 }
 
 Test(hip_emu, slots_in_place_wave32, .timeout = 900) {
-    slots_on(32, false, 250, "hip_emu_slots_wave32");
+    slots_on(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, false, 250, 12, "hip_emu_slots_wave32");
+}
+
+/* A capacity of 160 rows on the tiles, two adapters filling it: the blocks
+ * past every slot's rows leave before the pass over the row slots. */
+Test(hip_emu, slots_capacity_160_tiles, .timeout = 900) {
+    slots_on(64, TOVL_HIP_EMU_LMHEAD_TILES, false, 30, 160, "hip_emu_slots_tiles_160");
 }

@@ -810,13 +810,13 @@ static void recorded_replay(void *user) {
     cr_assert_eq(DFN(e, vkResetFences)(e->device, 1, &e->fence), VK_SUCCESS);
 }
 
-static void slots_recorded(bool tied, const char *tag) {
+static void slots_recorded(bool tied, uint32_t rounds, uint32_t capacity, const char *tag) {
     engine e;
     tovl_backend *be = wrap_engine(&e);
     recorded rec = {&e};
     /* Loads on the backend's own submissions, on the queue the engine submits to. */
     slots_replayer rp = {.record = recorded_record, .replay = recorded_replay, .load_stream = NULL, .user = &rec};
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = 1000, .tied = tied, .capacity = 12}, tag);
+    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = capacity}, tag);
     tovl_backend_close(be);
     if (e.validation) {
         cr_expect_eq(e.messages, 0, "%s: %u validation messages", tag, e.messages);
@@ -825,11 +825,19 @@ static void slots_recorded(bool tied, const char *tag) {
 }
 
 Test(vulkan, slots_in_place_under_one_recorded_command_buffer_tied, .timeout = 600) {
-    slots_recorded(true, "vulkan_slots_tied");
+    slots_recorded(true, 1000, 12, "vulkan_slots_tied");
 }
 
 Test(vulkan, slots_in_place_under_one_recorded_command_buffer_untied, .timeout = 600) {
-    slots_recorded(false, "vulkan_slots_untied");
+    slots_recorded(false, 1000, 12, "vulkan_slots_untied");
+}
+
+/* A capacity of 160 rows on the tiles, two adapters filling it: the
+ * workgroups past every slot's rows leave before the pass over the row slots. */
+Test(vulkan, slots_capacity_160_tiles, .timeout = 600) {
+    setenv("TOVL_VULKAN_LMHEAD", "tile", 1);
+    slots_recorded(false, 100, 160, "vulkan_slots_tiles_160");
+    unsetenv("TOVL_VULKAN_LMHEAD");
 }
 
 /* A load recorded into the engine's own command buffer: the replaced overlay

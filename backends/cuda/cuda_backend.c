@@ -269,8 +269,16 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
         return tovl_error(TOVL_ERR_LAUNCH, "cuda: module %s has no %s", c->module_text, tovl_cuda_kernel_names[k]);
     }
     tovl_cuda_launch dims;
-    st = c->native ? tovl_cuda_native_launch(k, grid, args, &c->shape, &dims)
-                   : tovl_cuda_foreign_launch(&c->kernels[k].shapes, grid, &dims);
+    if (c->native) {
+        st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
+    } else {
+        /* Another port's lm_head grid is its max_n's, not the rows a
+         * fixed-shape set's launch is shaped for (kernel_args.h). */
+        const bool lmhead = k == TOVL_CUDA_LMHEAD_BF16 || k == TOVL_CUDA_LMHEAD_F32;
+        const uint32_t logical[3] = {grid[0], lmhead ? ((const tovl_lmhead_overlay_args *)args)->max_n : grid[1],
+                                     grid[2]};
+        st = tovl_cuda_foreign_launch(&c->kernels[k].shapes, logical, &dims);
+    }
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }

@@ -102,6 +102,23 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
     return TOVL_OK;
 }
 
+/* A row variant's launch for `a` (shaped rows), its grid's y widened toward
+ * max_n within the block budget (lmhead_launch). */
+static tovl_status row_launch(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a, uint32_t max_n,
+                              uint64_t sms, tovl_cuda_launch *out) {
+    tovl_status st = tovl_cuda_lmhead_shape(variant, a, out);
+    if (st != TOVL_OK || max_n <= a->max_n || out->grid[0] == 0) {
+        return st;
+    }
+    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4 ? TOVL_CUDA_LMHEAD_ROW4_ROWS : TOVL_CUDA_LMHEAD_ROW4Q_ROWS;
+    const uint64_t budget = sms * TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM / out->grid[0];
+    const uint32_t all = min_u32(ceil_div(max_n, columns), GRID_YZ_MAX);
+    if (budget > out->grid[1]) {
+        out->grid[1] = budget < all ? (uint32_t)budget : all;
+    }
+    return TOVL_OK;
+}
+
 /* The shapes (launch_shape.h), the first that fits, by the cells T x max_n
  * per SM (on the H200 with 8 slots x 64 rows, docs/PERFORMANCE.md):
  * - row4 (2 overlay rows a block) up to 6 cells per SM: 1.6-2.4 us at
@@ -119,14 +136,24 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
  *   Designs measured and not kept.)
  * - large tiles, two blocks per SM: everything else.
  * row and row2 fit wherever row4 does and were slower there, so the host
- * does not take them. */
-static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_cuda_device_shape *device,
-                                 tovl_cuda_launch *out) {
+ * does not take them.
+ * The cells are T x `rows`, the rows the launch is shaped for (kernel_args.h).
+ * Where those are fewer than max_n (a fixed-shape set's capacity), the row
+ * variants' blocks loop over the columns past the grid; a grid of at most
+ * TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM blocks an SM still covers more of
+ * them (at T = 1 all 256 of a capacity), so a slot that holds more than
+ * `rows` costs fewer rounds, while one that holds them costs only blocks
+ * that find their columns empty. */
+static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *full, uint32_t rows,
+                                 const tovl_cuda_device_shape *device, tovl_cuda_launch *out) {
+    tovl_lmhead_overlay_args shaped = *full;
+    shaped.max_n = rows < full->max_n ? rows : full->max_n;
+    const tovl_lmhead_overlay_args *a = &shaped;
     const uint64_t sms = device->sm_count ? device->sm_count : 1;
     const uint64_t cells = (uint64_t)a->T * a->max_n;
     tovl_status st;
     if (a->T <= GRID_X_MAX && cells <= sms * TOVL_CUDA_LMHEAD_ROW4_CELLS_PER_SM) {
-        return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4, a, out);
+        return row_launch(TOVL_CUDA_VARIANT_ROW4, a, full->max_n, sms, out);
     }
     st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_SMALL, a, out);
     if (st != TOVL_OK) {
@@ -135,7 +162,7 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *a, const tovl_c
     const bool tiles_fit = (uint64_t)out->grid[0] * out->grid[1] <= sms;
     if (a->T <= GRID_X_MAX && (cells <= sms * TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM ||
                                (!tiles_fit && cells <= sms * TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM_MAX))) {
-        return tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_ROW4Q, a, out);
+        return row_launch(TOVL_CUDA_VARIANT_ROW4Q, a, full->max_n, sms, out);
     }
     if (tiles_fit) {
         return TOVL_OK;
@@ -171,7 +198,7 @@ tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t l
         return TOVL_OK;
     case TOVL_CUDA_LMHEAD_BF16:
     case TOVL_CUDA_LMHEAD_F32:
-        return lmhead_launch(args, device, out);
+        return lmhead_launch(args, logical[1], device, out);
     default:
         return tovl_error(TOVL_ERR_INTERNAL, "cuda: no launch shape for kernel %d", (int)kernel);
     }

@@ -175,5 +175,10 @@
 #ifndef TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS
 #define TOVL_CUDA_LMHEAD_ROW4_STAGE_ROUNDS 16
 #endif
+/* The row variants' grid for a fixed-shape set widens past its shaped rows
+ * up to this many blocks an SM (cuda_geometry.c, lmhead_launch). */
+#ifndef TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM
+#define TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM 4
+#endif
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -163,7 +163,7 @@ static tovl_status hip_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
         return tovl_error(TOVL_ERR_LAUNCH, "hip: launch of kernel %s, which the module lacks", tovl_hip_kernel_names[k]);
     }
     uint32_t blocks[3];
-    st = tovl_hip_blocks(k, grid, blocks);
+    st = tovl_hip_blocks(k, grid, args, blocks);
     if (st != TOVL_OK) {
         return st;
     }

@@ -46,12 +46,13 @@ static uint32_t ceil_div(uint32_t a, uint32_t b) {
     return (uint32_t)(((uint64_t)a + b - 1) / b);
 }
 
-tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3], uint32_t blocks[3]) {
-    return tovl_hip_blocks_small_to(kernel, logical, TOVL_HIP_LMHEAD_SMALL_MAX_T, blocks);
+tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3], const void *args,
+                            uint32_t blocks[3]) {
+    return tovl_hip_blocks_small_to(kernel, logical, args, TOVL_HIP_LMHEAD_SMALL_MAX_T, blocks);
 }
 
-tovl_status tovl_hip_blocks_small_to(tovl_hip_kernel_id kernel, const uint32_t logical[3], uint32_t small_max_t,
-                                     uint32_t blocks[3]) {
+tovl_status tovl_hip_blocks_small_to(tovl_hip_kernel_id kernel, const uint32_t logical[3], const void *args,
+                                     uint32_t small_max_t, uint32_t blocks[3]) {
     blocks[0] = logical[0];
     blocks[1] = logical[1];
     blocks[2] = logical[2];
@@ -62,8 +63,8 @@ tovl_status tovl_hip_blocks_small_to(tovl_hip_kernel_id kernel, const uint32_t l
     case TOVL_HIP_LMHEAD_BF16:
     case TOVL_HIP_LMHEAD_F32: {
         const bool small = logical[0] <= small_max_t; /* the kernel tells the grids apart by their height */
-        const uint32_t columns =
-            ceil_div(logical[1], small ? TOVL_HIP_LMHEAD_SMALL_ROWS : TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
+        const uint32_t max_n = ((const tovl_lmhead_overlay_args *)args)->max_n;
+        const uint32_t columns = ceil_div(max_n, small ? TOVL_HIP_LMHEAD_SMALL_ROWS : TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
         blocks[1] = columns < TOVL_HIP_MAX_GRID_YZ ? columns : TOVL_HIP_MAX_GRID_YZ;
         break;
     }

@@ -751,30 +751,45 @@ __device__ static inline uint32_t block_scan(uint32_t v, uint32_t (&scratch)[BLO
  * past k0, slot by slot, BLOCK slots at a time. False: x is past them. */
 __device__ static bool lmhead_pick(const tovl_lmhead_overlay_args &args, uint32_t x, uint32_t k0, uint32_t &slot,
                                    uint32_t &group) {
-    __shared__ uint32_t count[BLOCK], scratch[BLOCK], pick[3];
+    /* live[w % 2]: some slot of window w has rows in the column. Window w
+     * clears window w + 1's, which nothing reads until two barriers later. */
+    __shared__ uint32_t count[BLOCK], scratch[BLOCK], pick[3], live[2];
     const uint32_t tid = threadIdx.x;
     uint32_t before = 0; /* groups of the windows before; the same in every thread */
-    for (uint32_t base = 0; base < args.max_loras; base += BLOCK) {
+    if (tid == 0) {
+        live[0] = 0;
+    }
+    for (uint32_t base = 0, w = 0; base < args.max_loras; base += BLOCK, w ^= 1u) {
+        const uint32_t s = base + tid;
+        uint32_t n = 0;
+        if (s < args.max_loras) {
+            const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
+            n = n_slot < args.max_n ? n_slot : args.max_n;
+        }
         __syncthreads(); /* the previous window's counts and pick are read */
         count[tid] = 0;
         if (tid == 0) {
             pick[0] = 0;
+            live[w ^ 1u] = 0;
+        }
+        if (n > k0) {
+            live[w] = 1;
         }
         __syncthreads();
+        if (!live[w]) {
+            /* Uniform: no slot of the window has rows in the column (the
+             * blocks past every slot's rows leave here, before the pass over
+             * the row slots). */
+            continue;
+        }
         for (uint32_t t = tid; t < args.T; t += BLOCK) {
-            const int32_t s = row_slot(args.row_slots, args.active_slot, t);
-            if (s >= 0 && (uint32_t)s < args.max_loras && (uint32_t)s - base < BLOCK) {
-                atomicAdd(&count[(uint32_t)s - base], 1u);
+            const int32_t rs = row_slot(args.row_slots, args.active_slot, t);
+            if (rs >= 0 && (uint32_t)rs < args.max_loras && (uint32_t)rs - base < BLOCK) {
+                atomicAdd(&count[(uint32_t)rs - base], 1u);
             }
         }
         __syncthreads();
-        const uint32_t s = base + tid;
-        uint32_t groups = 0;
-        if (s < args.max_loras) {
-            const uint32_t n_slot = ptr<const uint32_t>(args.n_table)[s];
-            const uint32_t n = n_slot < args.max_n ? n_slot : args.max_n;
-            groups = n > k0 ? (count[tid] + TILE_ROWS - 1) / TILE_ROWS : 0u;
-        }
+        const uint32_t groups = n > k0 ? (count[tid] + TILE_ROWS - 1) / TILE_ROWS : 0u;
         uint32_t total;
         const uint32_t end = before + block_scan(groups, scratch, total);
         if (groups > 0 && x >= end - groups && x < end) {

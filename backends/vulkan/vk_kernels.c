@@ -247,15 +247,17 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
         const uint64_t row_groups = (uint64_t)ceil_div(a->T, VK_LMHEAD_TILE_BM) + (a->max_loras < a->T ? a->max_loras : a->T);
         return spread_xy(ctx, name, row_groups * ceil_div(a->max_n, VK_LMHEAD_TILE_BN), groups);
     }
-    /* The rows: X = chunks of cells of k, Y and Z = t. */
+    /* The rows: X = chunks of cells of k, Y and Z = t. Both shapes cover
+     * max_n, not the logical grid's y (kernel_args.h): the shaders do not
+     * loop over columns. */
     *pipeline += VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE;
     const uint32_t rows = grid[0];
-    groups[0] = ceil_div(grid[1], VK_LMHEAD_CELLS_PER_GROUP);
+    groups[0] = ceil_div(a->max_n, VK_LMHEAD_CELLS_PER_GROUP);
     groups[1] = rows < ctx->max_groups[1] ? rows : ctx->max_groups[1];
     groups[2] = groups[1] ? ceil_div(rows, groups[1]) : 0;
     if (groups[0] > ctx->max_groups[0] || groups[2] > ctx->max_groups[2]) {
         return tovl_error(TOVL_ERR_LAUNCH, "vulkan: %s grid (%u, %u) exceeds the device's workgroup counts", name,
-                          grid[0], grid[1]);
+                          grid[0], a->max_n);
     }
     return TOVL_OK;
 }

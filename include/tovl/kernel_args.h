@@ -44,7 +44,10 @@ typedef struct tovl_embed_overlay_args {
     uint32_t pad0;
 } tovl_embed_overlay_args; /* 72 bytes */
 
-/* lmhead_overlay_bf16 / lmhead_overlay_f32: logical grid (T, max_n, 1). */
+/* lmhead_overlay_bf16 / lmhead_overlay_f32: logical grid (T, rows, 1), rows
+ * the overlay rows the launch is shaped for: max_n, or fewer for a
+ * fixed-shape set (its capacity is max_n). A port may shape its grid for
+ * either; its kernels compute every k < min(n[s], max_n) whatever the grid. */
 typedef struct tovl_lmhead_overlay_args {
     uint64_t logits;      /* bf16 or f32 [T, ld] */
     uint64_t hidden;      /* bf16 [T, h] */
@@ -58,7 +61,7 @@ typedef struct tovl_lmhead_overlay_args {
     uint32_t vocab;
     uint32_t max_loras;
     int32_t active_slot;
-    uint32_t max_n;       /* grid.y, the set's max_n_override */
+    uint32_t max_n;       /* the set's max_n_override (a fixed-shape set's capacity) */
 } tovl_lmhead_overlay_args; /* 80 bytes */
 
 #if defined(__cplusplus)

@@ -124,6 +124,7 @@ union alignas(16) LmheadShared {
         uint64_t rows, ids;   /* the picked slot's table cells */
         uint32_t n;
         uint32_t fills;       /* the grid's tiles so far outnumber the SMs */
+        uint32_t live;        /* some slot of the window has rows in the block's column */
     } pick;
     struct {
         uint32_t warp_count[C::WARPS];
@@ -695,11 +696,15 @@ __device__ __forceinline__ LmheadPlace lmhead_place() {
 
 /* Which (slot, row group) block x of column y does: the x-th, counting the
  * groups of BM rows of every slot with overlay rows in that column, slot by
- * slot. Slots are counted a window of 32 at a time (a warp scans them). */
-/* On the side (TRIGGER_WHEN_FULL), warp 1 counts the grid's tiles (every
+ * slot. Slots are counted a window of 32 at a time (a warp scans them). A
+ * window none of whose slots has rows in the column is passed over before
+ * its pass over the row slots: the blocks past every slot's rows (a
+ * fixed-shape set's grid covers its capacity, or more rows than the slots
+ * hold) leave after reading the row counts.
+ * On the side (TRIGGER_WHEN_FULL), warp 1 counts the grid's tiles (every
  * column) in the windows scanned, and `fills` says whether they outnumber the
- * SMs (lmhead_overlay); windows not reached are not counted, which can only
- * make `fills` false. Warp 1 reads the SM count while warp 0 scans: at the
+ * SMs (lmhead_overlay); windows not reached or passed over are not counted,
+ * which can only make `fills` false. Warp 1 reads the SM count while warp 0 scans: at the
  * trigger it cost up to 0.4 us on the H200, a constant-cache miss in the
  * block's way. */
 template <class C>
@@ -729,10 +734,17 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
         if (tid < WARP) {
             sh.pick.count[tid] = 0;
         }
-        if (tid == 0) {
-            sh.pick.pick[0] = 0;
+        if (warp == 0) {
+            const uint32_t live = __ballot_sync(FULL_MASK, base + lane < a.max_loras && n > k0) != 0u;
+            if (lane == 0) {
+                sh.pick.pick[0] = 0;
+                sh.pick.live = live;
+            }
         }
         __syncthreads();
+        if (!sh.pick.live) {
+            continue; /* uniform: no group of this window is in the column */
+        }
         for (uint32_t t = tid; t < a.T; t += C::THREADS) {
             const int32_t s = row_slot(a.row_slots, a.active_slot, t);
             if (s >= 0 && (uint32_t)s - base < WARP && (uint32_t)s < a.max_loras) {

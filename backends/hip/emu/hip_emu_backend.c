@@ -87,7 +87,7 @@ static tovl_status hip_emu_launch(void *ctx, tovl_kernel kernel, const uint32_t 
     const uint32_t small_max_t = c->lmhead == TOVL_HIP_EMU_LMHEAD_AS_CHOSEN ? TOVL_HIP_LMHEAD_SMALL_MAX_T
                                  : c->lmhead == TOVL_HIP_EMU_LMHEAD_SMALL   ? UINT32_MAX
                                                                             : 0;
-    if (st == TOVL_OK) st = tovl_hip_blocks_small_to(k, grid, small_max_t, blocks);
+    if (st == TOVL_OK) st = tovl_hip_blocks_small_to(k, grid, args, small_max_t, blocks);
     if (st != TOVL_OK || !blocks[0] || !blocks[1] || !blocks[2]) {
         return st;
     }
