@@ -2,7 +2,9 @@
 // TOVL_LOGITS_F32 or not): for row t of slot s and each k < n_override[s] with
 // id = ids[s][k] < vocab, logits[t * ld + id] = dot(hidden[t, :], rows[s][k, :]).
 //
-// Dispatch: X = chunks of TEAMS cells of k, Y (and Z past 65535) = t.
+// Dispatch: X = chunks of TEAMS cells of k, Y (and Z past 65535) = t. Where X
+// covers fewer chunks than the slot has (a fixed-shape set's launch is shaped
+// for fewer rows than its capacity), workgroup x also does chunks x + X, ...
 // A workgroup stages hidden[t] in shared memory once per XBLOCK elements and
 // reuses it for its TEAMS weight rows. Team g (32 invocations) computes cell
 // k = chunk * TEAMS + g; invocation q of a team owns the spec's logical lanes
@@ -59,21 +61,8 @@ uvec4 load_eight_scalar(uint64_t row, uint first, uint h) {
     acc_low = acc_low + low_four(xw) * low_four(ww);         \
     acc_high = acc_high + high_four(xw) * high_four(ww)
 
-void main() {
-    uint chunk = gl_WorkGroupID.x;
-    uint t = linear_group_yz();
-    if (t >= args.T) {
-        return; // every early return here is uniform across the workgroup
-    }
-    int s = row_slot(args.row_slots, args.active_slot, t);
-    if (!slot_valid(s, args.max_loras)) {
-        return;
-    }
-    uint n = min(U32Buf(args.n_table).v[s], args.max_n);
-    uint k0 = chunk * TEAMS;
-    if (k0 >= n) {
-        return;
-    }
+// Cells k0 .. k0 + TEAMS - 1 (those below n) of row t, slot s.
+void row_cells(uint t, int s, uint n, uint k0) {
     uint h = args.h;
     uint tid = gl_LocalInvocationIndex;
     uint team = tid / TEAM;
@@ -174,5 +163,22 @@ void main() {
 #else
         U16Buf(element_address(args.logits, index, 2u)).v[0] = uint16_t(f32_to_bf16(dot));
 #endif
+    }
+}
+
+void main() {
+    uint t = linear_group_yz();
+    if (t >= args.T) {
+        return; // every early return here is uniform across the workgroup
+    }
+    int s = row_slot(args.row_slots, args.active_slot, t);
+    if (!slot_valid(s, args.max_loras)) {
+        return;
+    }
+    uint n = min(U32Buf(args.n_table).v[s], args.max_n);
+    // Uniform: n and k0 are the workgroup's; row_cells starts with a barrier
+    // before it rewrites the pool the previous chunk's tree read.
+    for (uint k0 = gl_WorkGroupID.x * TEAMS; k0 < n; k0 += gl_NumWorkGroups.x * TEAMS) {
+        row_cells(t, s, n, k0);
     }
 }

@@ -832,8 +832,16 @@ Test(vulkan, slots_in_place_under_one_recorded_command_buffer_untied, .timeout =
     slots_recorded(false, 1000, 12, "vulkan_slots_untied");
 }
 
-/* A capacity of 160 rows on the tiles, two adapters filling it: the
- * workgroups past every slot's rows leave before the pass over the row slots. */
+/* A capacity of 160 rows, two adapters filling it. On the rows the launch is
+ * shaped for 64 and widened to 10 workgroups of 8 cells at T = 24, so each
+ * loops over the chunks past them; on the tiles the workgroups past every
+ * slot's rows leave before the pass over the row slots. */
+Test(vulkan, slots_capacity_160_rows, .timeout = 600) {
+    setenv("TOVL_VULKAN_LMHEAD", "row", 1);
+    slots_recorded(false, 100, 160, "vulkan_slots_rows_160");
+    unsetenv("TOVL_VULKAN_LMHEAD");
+}
+
 Test(vulkan, slots_capacity_160_tiles, .timeout = 600) {
     setenv("TOVL_VULKAN_LMHEAD", "tile", 1);
     slots_recorded(false, 100, 160, "vulkan_slots_tiles_160");

@@ -202,6 +202,10 @@ tovl_kernel tovl_vk_try_kernel(void *vctx, const char *name) {
  * T = 64, 96, 128, 160 and the tiles 11.1, 11.1, 15.1, 15.2
  * (docs/PERFORMANCE.md, Vulkan). */
 #define VK_LMHEAD_TILE_MIN_T 144
+/* The row shader's X for a launch shaped for fewer rows than max_n (a
+ * fixed-shape set's) widens up to this many workgroups in all, so at T <= 8
+ * a capacity of 256 is covered whole. */
+#define VK_LMHEAD_SHAPED_GROUPS 256u
 #define TOVL_STR_(x) #x
 #define TOVL_STR(x) TOVL_STR_(x)
 
@@ -247,12 +251,17 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
         const uint64_t row_groups = (uint64_t)ceil_div(a->T, VK_LMHEAD_TILE_BM) + (a->max_loras < a->T ? a->max_loras : a->T);
         return spread_xy(ctx, name, row_groups * ceil_div(a->max_n, VK_LMHEAD_TILE_BN), groups);
     }
-    /* The rows: X = chunks of cells of k, Y and Z = t. Both shapes cover
-     * max_n, not the logical grid's y (kernel_args.h): the shaders do not
-     * loop over columns. */
+    /* The rows: X = chunks of cells of k, Y and Z = t. X covers the rows the
+     * launch is shaped for (grid[1], kernel_args.h), widened toward max_n
+     * up to VK_LMHEAD_SHAPED_GROUPS workgroups in all; the shader's
+     * workgroups loop over the chunks past X. (The tiles above cover max_n:
+     * that shader does not loop.) */
     *pipeline += VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE;
     const uint32_t rows = grid[0];
-    groups[0] = ceil_div(a->max_n, VK_LMHEAD_CELLS_PER_GROUP);
+    const uint32_t all = ceil_div(a->max_n, VK_LMHEAD_CELLS_PER_GROUP);
+    const uint32_t shaped = ceil_div(grid[1] < a->max_n ? grid[1] : a->max_n, VK_LMHEAD_CELLS_PER_GROUP);
+    const uint32_t budget = rows ? VK_LMHEAD_SHAPED_GROUPS / rows : 0;
+    groups[0] = budget > shaped ? (budget < all ? budget : all) : shaped;
     groups[1] = rows < ctx->max_groups[1] ? rows : ctx->max_groups[1];
     groups[2] = groups[1] ? ceil_div(rows, groups[1]) : 0;
     if (groups[0] > ctx->max_groups[0] || groups[2] > ctx->max_groups[2]) {
