@@ -105,7 +105,6 @@ tovl_status tovl_lmhead_hook(const tovl_token_overlay_set *set, const tovl_overl
      * adapter and the kernels loop over the columns past them
      * (kernel_args.h); a grid shaped for the capacity cost 1.4-4.7 times
      * the from_slots set's launch (docs/PERFORMANCE.md, Fixed-shape sets). */
-    const uint32_t shaped =
-        set->fixed && set->max_n_override > TOVL_SET_SHAPED_ROWS ? TOVL_SET_SHAPED_ROWS : set->max_n_override;
-    return tovl_core_launch(set->backend, kernel, a->T, shaped, &k, sizeof k, stream);
+    return tovl_core_launch(set->backend, kernel, a->T, tovl_token_overlay_set_lmhead_grid_y(set), &k, sizeof k,
+                            stream);
 }

@@ -380,6 +380,13 @@ uint32_t tovl_token_overlay_set_max_n_override(const tovl_token_overlay_set *set
     return set ? set->max_n_override : 0;
 }
 
+uint32_t tovl_token_overlay_set_lmhead_grid_y(const tovl_token_overlay_set *set) {
+    if (!set) {
+        return 0;
+    }
+    return set->fixed && set->max_n_override > TOVL_SET_SHAPED_ROWS ? TOVL_SET_SHAPED_ROWS : set->max_n_override;
+}
+
 uint32_t tovl_token_overlay_set_max_loras(const tovl_token_overlay_set *set) {
     return set ? set->max_loras : 0;
 }

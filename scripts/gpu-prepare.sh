@@ -6,7 +6,9 @@
 # libraries the test binaries need in .gpulibs/ (the GPU image has no package
 # registry). Then, with the device tool:
 #   run: bash scripts/gpu-suite.sh all   carry: .gl .gpulibs .gpubuild
-# (or the phases `check` and `sanitize` alone).
+# (or the phases `check` and `sanitize` alone). TOVL_PREPARE_WHEEL=0 leaves
+# the wheel out (and any wheel of an earlier run in .gpubuild/ alone): the
+# build alone, for a run without the part `wheel`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -87,7 +89,9 @@ fi
 mkdir -p .gpubuild && tar -c build-gpu | xz -T1 --lzma2=preset=6,dict=768MiB > .gpubuild/build-gpu.tar.xz
 # 5. The release wheel, for scripts/gpu/wheel.sh: made by scripts/dist.sh from
 #    this checkout (its build-dist/ is reused; 5 MB).
-JOBS=$(nproc) scripts/dist.sh
-rm -f .gpubuild/tovl-*.whl && cp dist/tovl-*-manylinux_*_x86_64.whl .gpubuild/
+if [ "${TOVL_PREPARE_WHEEL:-1}" != 0 ]; then
+  JOBS=$(nproc) scripts/dist.sh
+  rm -f .gpubuild/tovl-*.whl && cp dist/tovl-*-manylinux_*_x86_64.whl .gpubuild/
+fi
 du -sh .gpubuild .gl .gpulibs
 echo "gpu-prepare: done; now run 'bash scripts/gpu-suite.sh all' on the GPU machine carrying .gl .gpulibs .gpubuild"

@@ -321,3 +321,47 @@ Test(threads, a_loader_beside_a_serving_thread_never_shows_a_mix, .timeout = 300
     cr_assert_null(why, "%s", why);
     tovl_backend_close(cpu);
 }
+
+/* A capacity past 64 rows: the lm_head launch is shaped for 64 (the logical
+ * grid's y), its arguments' max_n stays the capacity; a capacity below 64 is
+ * its own grid.y. */
+Test(slots, a_large_capacity_launches_a_grid_shaped_for_64_rows) {
+    tu_wrap *w = NULL;
+    tovl_backend *cpu = tu_wrap_cpu(&w);
+    cr_assert_not_null(cpu);
+    w->launch_override = logging_launch;
+    tovl_overlay_kernels k = tovl_overlay_kernels_resolve(cpu);
+    const uint32_t T = 3;
+    tovl_devptr d_hidden, d_ids, d_slots, d_logits;
+    cr_assert_eq(tovl_alloc(cpu, sizeof(uint16_t) * T * H, &d_hidden), TOVL_OK);
+    cr_assert_eq(tovl_alloc(cpu, sizeof(uint32_t) * T, &d_ids), TOVL_OK);
+    cr_assert_eq(tovl_alloc(cpu, sizeof(int32_t) * T, &d_slots), TOVL_OK);
+    cr_assert_eq(tovl_alloc(cpu, sizeof(float) * T * V, &d_logits), TOVL_OK);
+    cr_assert_eq(tovl_fill_u32(cpu, d_slots, 0xFFFFFFFFu, sizeof(int32_t) * T), TOVL_OK); /* every row: no slot */
+    const uint32_t capacities[2] = {300, CAP}, grid_y[2] = {64, CAP};
+    for (int i = 0; i < 2; i++) {
+        tovl_set_shape shape = {MAXL, V, H, false, capacities[i], capacities[i]};
+        tovl_token_overlay_set *fixed = NULL;
+        cr_assert_eq(tovl_token_overlay_set_create(cpu, &shape, &fixed), TOVL_OK, "%s", tovl_last_error());
+        cr_expect_eq(tovl_token_overlay_set_max_n_override(fixed), capacities[i]);
+        cr_expect_eq(tovl_token_overlay_set_lmhead_grid_y(fixed), grid_y[i]);
+        log_.count = 0;
+        tovl_lmhead_hook_args l = {d_logits, TOVL_LOGITS_F32, V, d_hidden, d_slots, -1, T, H};
+        cr_assert_eq(tovl_lmhead_hook(fixed, &k, &l, NULL), TOVL_OK, "%s", tovl_last_error());
+        cr_assert_eq(log_.count, 1);
+        tovl_lmhead_overlay_args sent;
+        memcpy(&sent, log_.args[0], sizeof sent);
+        cr_expect(log_.grid[0][0] == T && log_.grid[0][1] == grid_y[i],
+                  "capacity %u: logical grid %u x %u, expected %u x %u", capacities[i], log_.grid[0][0],
+                  log_.grid[0][1], T, grid_y[i]);
+        cr_expect_eq(sent.max_n, capacities[i], "the kernels' max_n is the capacity");
+        tovl_token_overlay_set_destroy(fixed);
+    }
+    cr_expect_eq(tovl_token_overlay_set_lmhead_grid_y(NULL), 0);
+    const tovl_devptr bufs[] = {d_hidden, d_ids, d_slots, d_logits};
+    for (int i = 0; i < 4; i++) {
+        tovl_free(cpu, bufs[i]);
+    }
+    cr_expect_eq(tu_live(w), 0, "device allocations left");
+    tovl_backend_close(cpu);
+}

@@ -660,7 +660,8 @@ static tovl_status bench_fixed_at(bench_run *run, const tovl_token_overlay_set *
         tovl_lmhead_overlay_args l = {logits, in[3], in[1], tab.lmhead_rows_table, tab.lmhead_ids_table,
                                       tab.n_override_table, o->vocab, T, o->h, o->vocab, o->slots, -1, cap};
         st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
-                      f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label, (uint32_t[3]){T, cap, 1},
+                      f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label,
+                      (uint32_t[3]){T, tovl_token_overlay_set_lmhead_grid_y(fixed), 1},
                       &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2), lm_cells * (double)o->h, T, -1);
         if (st == TOVL_OK) {
             run->rows[run->n_rows - 1].capacity = cap;

@@ -259,9 +259,14 @@ TOVL_API bool tovl_token_overlay_set_any_active(const tovl_token_overlay_set *se
 TOVL_API uint32_t tovl_token_overlay_set_vocab(const tovl_token_overlay_set *set);
 /* The hidden size of the present overlays (0 when none); a fixed-shape set's hidden. */
 TOVL_API uint32_t tovl_token_overlay_set_hidden(const tovl_token_overlay_set *set);
-/* The lm_head kernel's grid.y: the largest lm_head row count of a from_slots
- * set, the lm_head capacity of a fixed-shape set. */
+/* The lm_head kernels' max_n: the largest lm_head row count of a from_slots
+ * set (its launch's grid.y), the lm_head capacity of a fixed-shape set (whose
+ * launch is shaped for at most 64 rows a slot; the kernels loop over more). */
 TOVL_API uint32_t tovl_token_overlay_set_max_n_override(const tovl_token_overlay_set *set);
+/* The lm_head launch's logical grid.y (kernel_args.h), for engines that launch
+ * the kernels themselves: max_n_override for a from_slots set, at most 64 for
+ * a fixed-shape set (the kernels loop over the rows past it). */
+TOVL_API uint32_t tovl_token_overlay_set_lmhead_grid_y(const tovl_token_overlay_set *set);
 TOVL_API uint32_t tovl_token_overlay_set_max_loras(const tovl_token_overlay_set *set);
 
 /* The device tables, for engines that launch the kernels themselves. */
@@ -293,14 +298,15 @@ typedef struct tovl_set_shape {
     bool tied;                /* the model ties its lm_head to its embedding */
     uint32_t embed_capacity;  /* the most embedding rows one slot may hold */
     uint32_t lmhead_capacity; /* the most lm_head cells one slot may hold: its own lm_head part, or its
-                                 embedding rows in a tied set; the lm_head hook's grid.y */
+                                 embedding rows in a tied set; the lm_head kernels' max_n */
 } tovl_set_shape;
 
 /* Create a fixed-shape set with every slot empty. Its device memory is the
  * six tables (40 bytes a slot), allocated here: the rows stay in the
  * overlays, which the set retains while a slot points at them. A capacity
- * costs no memory; the lm_head capacity sets the lm_head kernel's grid.y, and
- * so its cost at every call (docs/PERFORMANCE.md, Fixed-shape sets).
+ * costs no memory, and little time: the lm_head launch is shaped for at most
+ * 64 rows a slot (the kernels loop over the rows past them) and blocks past
+ * every slot's rows leave early (docs/PERFORMANCE.md, Fixed-shape sets).
  * Errors: TOVL_ERR_INVALID_ARGUMENT names the field that is 0 or NULL. */
 TOVL_API tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_shape *shape,
                                                    tovl_token_overlay_set **out);

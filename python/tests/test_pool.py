@@ -133,6 +133,7 @@ def test_loads_rewrite_the_one_set_in_place_on_cpu() -> None:
     with tovl.AdapterPool(TIED, "cpu", max_loras=2) as pool:
         s, gen = pool.overlay_set, pool.generation
         assert s.fixed and pool.fixed and s.max_n_override == pool.capacity == tovl.pool.DEFAULT_CAPACITY
+        assert s.lmhead_grid_y == 64  # the launch is shaped for 64 rows, whatever the capacity
         pool.load(0, tied[0][1] / "adapter")
         pool.load(0, tied[1][1] / "adapter")
         pool.unload(1)

@@ -275,6 +275,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "tovl_token_overlay_set_vocab": (c_uint32, [P]),
     "tovl_token_overlay_set_hidden": (c_uint32, [P]),
     "tovl_token_overlay_set_max_n_override": (c_uint32, [P]),
+    "tovl_token_overlay_set_lmhead_grid_y": (c_uint32, [P]),
     "tovl_token_overlay_set_max_loras": (c_uint32, [P]),
     "tovl_token_overlay_set_tables": (OverlayTablesC, [P]),
     "tovl_token_overlay_set_create": (status, [P, POINTER(SetShapeC), POINTER(P)]),

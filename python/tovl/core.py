@@ -660,6 +660,8 @@ class OverlaySet(_Handle):
         self.vocab: int = lib.tovl_token_overlay_set_vocab(h)
         self.hidden: int = lib.tovl_token_overlay_set_hidden(h)
         self.max_n_override: int = lib.tovl_token_overlay_set_max_n_override(h)
+        #: the lm_head launch's logical grid.y (at most 64 for a fixed-shape set)
+        self.lmhead_grid_y: int = lib.tovl_token_overlay_set_lmhead_grid_y(h)
         #: a fixed-shape set (with_shape): its slots load and unload in place
         self.fixed: bool = bool(lib.tovl_token_overlay_set_is_fixed(h))
         start_c, end_c = ctypes.c_uint32(), ctypes.c_uint32()

@@ -6,8 +6,8 @@ the `stream` given), and the replaced adapter's rows are freed once the stream h
 The set's handle, tables and launches never change, so a CUDA graph captured once with the pool's
 ops, or a model compiled with torch.compile, keeps serving whatever is loaded later.
 
-Each slot holds at most `capacity` embedding rows and `capacity` lm_head cells (the lm_head kernel's
-grid is sized by it at every call, so it costs time, not memory): the default fits PEFT's trainable
+Each slot holds at most `capacity` embedding rows and `capacity` lm_head cells (it costs no memory and
+little time: the lm_head launch is shaped for at most 64 rows a slot): the default fits PEFT's trainable
 tokens; an adapter with more rows (a `modules_to_save` of a large vocab) is refused with the number
 it needs. Under tensor parallelism (`tp`), a load builds the rank's new shard set and swaps it in
 (`generation` counts the swaps): a graph captured before must be captured again.

@@ -3,7 +3,9 @@
 # root: the checks and the figures of docs/PERFORMANCE.md "Fixed-shape sets"
 # in one part, short enough to run beside another in one device call.
 #   1. tovl devices; the conformance suite on cuda (every kernel variant the
-#      backend takes, bit for bit against the CPU reference);
+#      backend takes, bit for bit against the CPU reference), test_cuda's
+#      GPU-sized batches (the large tiles) and test_hip_on_cuda (the HIP
+#      port's source on this GPU);
 #   2. test_cuda_graph's and test_vulkan's slots tests: 1000 rounds of loads
 #      under one captured graph / one recorded command buffer, the ordering
 #      test, 10,000 swaps' memory, capacity 160 past the shaped rows;
@@ -20,6 +22,8 @@ tokens=1,8,64,512
 echo "build: $(build_commit), seed $fresh_seed"
 step devices "$tovl" devices
 step conform-cuda "$tovl" conform --backend cuda
+step cuda-batches timeout 120 "$build/tests/test_cuda" --jobs 1 --filter 'cuda/hooks_match_the_cpu_on_gpu_sized_batches'
+step hip-on-cuda timeout 120 "$build/tests/test_hip_on_cuda" --jobs 1
 step graph-slots "$build/tests/test_cuda_graph" --jobs 1 --filter 'cuda_graph/@(slots_*|a_load_*|ten_thousand_*)'
 step vulkan-slots "$build/tests/test_vulkan" --jobs 1 --filter 'vulkan/slots_*'
 for b in cuda hip vulkan; do

@@ -813,6 +813,9 @@ extern "C" {
     pub fn tovl_token_overlay_set_max_n_override(set: *const tovl_token_overlay_set) -> u32;
 }
 extern "C" {
+    pub fn tovl_token_overlay_set_lmhead_grid_y(set: *const tovl_token_overlay_set) -> u32;
+}
+extern "C" {
     pub fn tovl_token_overlay_set_max_loras(set: *const tovl_token_overlay_set) -> u32;
 }
 #[repr(C)]

@@ -402,11 +402,19 @@ impl<'b> TokenOverlaySet<'b> {
         unsafe { sys::tovl_token_overlay_set_hidden(self.raw.as_ptr()) }
     }
 
-    /// The lm_head kernel's grid.y: the largest lm_head row count of a
+    /// The lm_head kernels' `max_n`: the largest lm_head row count of a
     /// `from_slots` set, the lm_head capacity of a fixed-shape set.
     pub fn max_n_override(&self) -> u32 {
         // SAFETY: a live set.
         unsafe { sys::tovl_token_overlay_set_max_n_override(self.raw.as_ptr()) }
+    }
+
+    /// The lm_head launch's logical grid.y: `max_n_override` for a
+    /// `from_slots` set, at most 64 for a fixed-shape set (the kernels loop
+    /// over the rows past it).
+    pub fn lmhead_grid_y(&self) -> u32 {
+        // SAFETY: a live set.
+        unsafe { sys::tovl_token_overlay_set_lmhead_grid_y(self.raw.as_ptr()) }
     }
 
     /// The number of slots.

@@ -209,6 +209,7 @@ fn random_swaps_match_from_slots(dut: &Backend, seed: u64) {
         // once the device has passed them.
         assert_eq!((set.embed_rows_table(), set.n_override_table()), tables);
         assert_eq!((set.max_n_override(), set.vocab(), set.hidden()), (LM_CAP, VOCAB, H));
+        assert_eq!(set.lmhead_grid_y(), LM_CAP.min(64));
         dut.synchronize(Stream::BACKEND).unwrap();
         assert_eq!(set.collect().unwrap(), 0);
     }
