@@ -102,7 +102,8 @@ if(TARGET tovl_cuda_emu)
   set_target_properties(tovl_hip_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
   target_compile_options(tovl_hip_emu PRIVATE $<$<COMPILE_LANGUAGE:C>:${TOVL_C_FLAGS}>
                                               $<$<COMPILE_LANGUAGE:CXX>:${emu_cxx_flags}>)
-  tovl_add_parted_test(test_hip_emu SUITE hip_emu PARTS "conformance_wave64*" "conformance_wave32*" "slots_*" "batches_*"
+  tovl_add_parted_test(test_hip_emu SUITE hip_emu PARTS "conformance_wave64" "conformance_wave64_lmhead_*"
+    "conformance_wave32" "conformance_wave32_lmhead_*" "slots_*" "batches_*"
     SOURCES test_hip_emu.c)
   target_link_libraries(test_hip_emu PRIVATE tovl_cuda_testutil tovl_conform tovl_hip_emu)
   target_include_directories(test_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends)
