@@ -75,11 +75,17 @@ static void hooks_once(tovl_token_overlay_set *set, const tovl_overlay_kernels *
     cr_assert_eq(tovl_lmhead_hook(set, k, &l, NULL), TOVL_OK, "%s", tovl_last_error());
 }
 
+/* The CPU backend, each launch recorded in log_. */
+static tovl_backend *logged_cpu(tu_wrap **w) {
+    tovl_backend *cpu = tu_wrap_cpu(w);
+    cr_assert_not_null(cpu);
+    (*w)->launch_override = logging_launch;
+    return cpu;
+}
+
 Test(slots, launches_do_not_depend_on_what_is_loaded) {
     tu_wrap *w = NULL;
-    tovl_backend *be = tu_wrap_cpu(&w);
-    cr_assert_not_null(be);
-    w->launch_override = logging_launch;
+    tovl_backend *be = logged_cpu(&w);
     tovl_overlay_kernels k = tovl_overlay_kernels_resolve(be);
     tu_rng r = tu_rng_for("slots_launches");
     const uint32_t T = 9;
@@ -327,9 +333,7 @@ Test(threads, a_loader_beside_a_serving_thread_never_shows_a_mix, .timeout = 300
  * its own grid.y. */
 Test(slots, a_large_capacity_launches_a_grid_shaped_for_64_rows) {
     tu_wrap *w = NULL;
-    tovl_backend *cpu = tu_wrap_cpu(&w);
-    cr_assert_not_null(cpu);
-    w->launch_override = logging_launch;
+    tovl_backend *cpu = logged_cpu(&w);
     tovl_overlay_kernels k = tovl_overlay_kernels_resolve(cpu);
     const uint32_t T = 3;
     tovl_devptr d_hidden, d_ids, d_slots, d_logits;

@@ -68,6 +68,16 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
     out->block[1] = out->block[2] = 1;
 }
 
+/* Overlay rows a block of `variant` takes in one column of the grid's y. */
+static uint32_t variant_columns(tovl_cuda_variant variant) {
+    return variant == TOVL_CUDA_VARIANT_ROW4    ? TOVL_CUDA_LMHEAD_ROW4_ROWS
+           : variant == TOVL_CUDA_VARIANT_ROW4Q ? TOVL_CUDA_LMHEAD_ROW4Q_ROWS
+           : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
+           : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
+           : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
+                                                : TOVL_CUDA_LMHEAD_LARGE_BN;
+}
+
 /* The row variants: a block per (row, 1, 2 or 4 overlay rows). The tiles: a
  * block per (group of BM rows of one slot, BN overlay rows). */
 tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_overlay_args *a,
@@ -91,14 +101,8 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
          * per slot that has rows; a block finds its group on the device. */
         set_dims(out, ceil_div(a->T, TOVL_CUDA_LMHEAD_BM) + min_u32(a->max_loras, a->T), TOVL_CUDA_LMHEAD_THREADS);
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4    ? TOVL_CUDA_LMHEAD_ROW4_ROWS
-                             : variant == TOVL_CUDA_VARIANT_ROW4Q ? TOVL_CUDA_LMHEAD_ROW4Q_ROWS
-                             : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
-                             : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
-                             : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
-                                                                  : TOVL_CUDA_LMHEAD_LARGE_BN;
     /* Beyond CUDA's y limit the blocks loop over columns. */
-    out->grid[1] = min_u32(ceil_div(a->max_n, columns), GRID_YZ_MAX);
+    out->grid[1] = min_u32(ceil_div(a->max_n, variant_columns(variant)), GRID_YZ_MAX);
     return TOVL_OK;
 }
 
@@ -110,9 +114,8 @@ static tovl_status row_launch(tovl_cuda_variant variant, const tovl_lmhead_overl
     if (st != TOVL_OK || max_n <= a->max_n || out->grid[0] == 0) {
         return st;
     }
-    const uint32_t columns = variant == TOVL_CUDA_VARIANT_ROW4 ? TOVL_CUDA_LMHEAD_ROW4_ROWS : TOVL_CUDA_LMHEAD_ROW4Q_ROWS;
     const uint64_t budget = sms * TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM / out->grid[0];
-    const uint32_t all = min_u32(ceil_div(max_n, columns), GRID_YZ_MAX);
+    const uint32_t all = min_u32(ceil_div(max_n, variant_columns(variant)), GRID_YZ_MAX);
     if (budget > out->grid[1]) {
         out->grid[1] = budget < all ? (uint32_t)budget : all;
     }
