@@ -19,9 +19,7 @@
 #      the goals; then tovl bench at T = 1 .. 512 with --dump, and
 #      bench/triton_peer.py on that workload: the closest prior art's design
 #      (vLLM PR #55796) in Triton, side by side with tovl at every T;
-#   5b. tovl bench --capacity: fixed-shape sets (capacity 64 and 256 over 8 x 64
-#      rows, 256 over 8 x 4) checked against the from_slots set and timed
-#      beside it at T = 1, 8, 64, 512, and one load's cost;
+#      (Fixed-shape sets beside the from_slots set: the part scripts/gpu/slots.sh.)
 #   6. bench/lmhead_microbench, where the build made it: the kernels alone on
 #      the bench workload, every cell checked, then timed; again with a
 #      subnormal in the hidden rows (TOVL_MB_SUBNORMALS=1), so that every
@@ -97,14 +95,6 @@ if [ "${TOVL_CUDA_SKIP_TORCH:-0}" != 1 ]; then
 fi
 rm -rf "$workload_dir"
 
-# Fixed-shape sets beside the from_slots set (issue 40): capacity 64 and 256
-# holding 8 x 64 rows, and capacity 256 holding 8 x 4.
-slot_sizes=1,8,64,512
-step bench-slots "$tovl" bench --backend cuda --seed "$fresh_seed" --hooks-only --tokens "$slot_sizes" \
-  --capacity 64,256 --json "$out/bench-slots.json"
-step bench-slots-rows4 "$tovl" bench --backend cuda --seed "$fresh_seed" --hooks-only --tokens "$slot_sizes" \
-  --rows 4 --capacity 256 --json "$out/bench-slots-rows4.json"
-
 # 6. The microbenchmark (built by CMake's build check when nvcc saw sm_90).
 microbench=$build/backends/cuda/lmhead_microbench
 if [ -x "$microbench" ]; then
@@ -139,8 +129,6 @@ show bench-pdl-off.log "bench with TOVL_CUDA_PDL=0 (plain launches), the hooks:"
 show torch-peer.log "against PyTorch:" '^tovl ('
 show bench-sizes.log "bench at T = $peer_sizes, the hooks:" '^kernel ' '^(kernel|embed|lmhead)'
 show triton-peer.log "against the PR #55796 design (Triton):" '^lm_head, graph'
-show bench-slots.log "fixed-shape sets, 8 x 64 rows:" '^--capacity'
-show bench-slots-rows4.log "fixed-shape sets, 8 x 4 rows:" '^--capacity'
 for mb in lmhead_microbench lmhead_microbench_unfused; do
   [ -f "$out/$mb.log" ] || continue
   echo "$mb:"

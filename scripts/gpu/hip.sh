@@ -82,11 +82,7 @@ if [ "${TOVL_HIP_BENCH:-1}" != 0 ]; then
       summary+=("FAIL  bench-side-by-side (see bench-side-by-side.md)")
     bench_table=$out/bench-side-by-side.md
   fi
-  # Fixed-shape sets beside the from_slots set (issue 40), the HIP source's kernels.
-  step bench-hip-slots "$tovl" bench --cuda-image "$hip_cubin" --hooks-only --tokens "$bench_tokens" \
-    --seed "$fresh_seed" --capacity 64,256 --json "$out/bench-hip-slots.json"
-  step bench-hip-slots-rows4 "$tovl" bench --cuda-image "$hip_cubin" --hooks-only --tokens "$bench_tokens" \
-    --seed "$fresh_seed" --rows 4 --capacity 256 --json "$out/bench-hip-slots-rows4.json"
+  # (Fixed-shape sets beside the from_slots set: the part scripts/gpu/slots.sh.)
   step bench-hip-source-plain env TOVL_CUDA_PDL=0 "$tovl" bench --cuda-image "$hip_cubin" --tokens "$bench_tokens" \
     --seed "$fresh_seed" --hooks-only --json "$out/bench-hip-source-plain.json"
   step bench-cuda-port-plain env TOVL_CUDA_PDL=0 "$tovl" bench --backend cuda --tokens "$bench_tokens" \
@@ -114,8 +110,5 @@ if [ -n "$bench_table" ]; then
   cat "$bench_table"
   [ -s "$out/bench-side-by-side-plain.md" ] && echo && cat "$out/bench-side-by-side-plain.md"
 fi
-for f in bench-hip-slots bench-hip-slots-rows4; do
-  [ -f "$out/$f.log" ] && sed -n '/^--capacity/,/^$/p' "$out/$f.log" | sed "s/^/$f: /"
-done
 printf '%s\n' "${summary[@]}"
 ! printf '%s\n' "${summary[@]}" | grep -q '^FAIL'

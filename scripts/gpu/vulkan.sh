@@ -63,15 +63,8 @@ step bench-vulkan "$tovl" bench --backend vulkan --seed "$seed" --json "$out/ben
 if grep -q '^cuda  *present' "$out/devices.log"; then
   step bench-cuda "$tovl" bench --backend cuda --seed "$seed" --json "$out/bench-cuda.json" ${TOVL_BENCH_ARGS:---tokens 1,8,64,512}
 fi
-# Fixed-shape sets beside the from_slots set (issue 40), under one command buffer.
-step bench-slots "$tovl" bench --backend vulkan --seed "$seed" --hooks-only --tokens 1,8,64,512 \
-  --capacity 64,256 --json "$out/bench-slots.json"
-step bench-slots-rows4 "$tovl" bench --backend vulkan --seed "$seed" --hooks-only --tokens 1,8,64,512 \
-  --rows 4 --capacity 256 --json "$out/bench-slots-rows4.json"
+# (Fixed-shape sets beside the from_slots set: the part scripts/gpu/slots.sh.)
 {
-  for f in bench-slots bench-slots-rows4; do
-    [ -f "$out/$f.log" ] && sed -n '/^--capacity/,/^$/p' "$out/$f.log" | sed "s/^/$f: /"
-  done
   echo "device:     $(sed -n 's/^vulkan  *present: //p' "$out/devices.log")"
   sed 's/^ */properties: /' "$out/properties.txt"
   echo "validation: $validation"
