@@ -63,6 +63,22 @@ static void overlay_free_device(tovl_embed_overlay *ov) {
     tovl_free(ov->backend, ov->slot_map);
     tovl_free(ov->backend, ov->lmhead_ids);
     tovl_free(ov->backend, ov->lmhead_rows);
+    free(ov->host_embed_ids);
+    free(ov->host_lmhead_ids);
+}
+
+/* A host copy of a part's ids; NULL (and TOVL_OK) for an empty part. */
+static tovl_status keep_host_ids(const tovl_overlay_rows *part, uint32_t **out) {
+    *out = NULL;
+    if (part->count == 0) {
+        return TOVL_OK;
+    }
+    *out = malloc((size_t)part->count * sizeof **out);
+    if (!*out) {
+        return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "tovl_build_overlay: out of host memory (%u ids)", part->count);
+    }
+    memcpy(*out, part->ids, (size_t)part->count * sizeof **out);
+    return TOVL_OK;
 }
 
 /* Allocate and upload one array; leaves *dst 0 for count 0. */
@@ -146,7 +162,13 @@ tovl_status tovl_build_overlay(tovl_backend *backend, const tovl_overlay_kernels
     ov->has_lmhead = desc->has_lmhead;
     ov->lmhead_count = desc->has_lmhead ? desc->lmhead.count : 0;
 
-    st = upload_part(backend, &desc->embed, desc->hidden, &ov->embed_ids, &ov->embed_rows);
+    st = keep_host_ids(&desc->embed, &ov->host_embed_ids);
+    if (st == TOVL_OK && desc->has_lmhead) {
+        st = keep_host_ids(&desc->lmhead, &ov->host_lmhead_ids);
+    }
+    if (st == TOVL_OK) {
+        st = upload_part(backend, &desc->embed, desc->hidden, &ov->embed_ids, &ov->embed_rows);
+    }
     if (st == TOVL_OK && desc->embed.count > 0) {
         st = upload_slot_map(backend, desc, &ov->slot_map);
     }

@@ -17,6 +17,10 @@ struct tovl_embed_overlay {
     bool has_lmhead;
     uint32_t lmhead_count;
     tovl_devptr lmhead_ids, lmhead_rows;
+    /* Host copies of the two parts' ids, in the parts' order: a fixed-shape
+     * shard set's load finds the slot's in-shard cells from them without
+     * reading the device (4 bytes a row, beside the row's 2 * hidden). */
+    uint32_t *host_embed_ids, *host_lmhead_ids;
 };
 
 #endif

@@ -18,6 +18,8 @@ static tovl_devptr *table_slot(tovl_overlay_tables *t, int i) {
 void tovl_set_free(tovl_token_overlay_set *set) {
     if (set->fixed) {
         tovl_free(set->backend, set->table_block);
+        tovl_free(set->backend, set->ids_block);
+        free(set->ids_scratch);
         for (uint32_t i = 0; i < set->retired_count; i++) {
             tovl_core_fence_destroy(set->backend, set->retired[i].fence);
             tovl_embed_overlay_release(set->retired[i].overlay);

@@ -45,6 +45,11 @@ struct tovl_token_overlay_set {
     bool fixed;
     uint32_t embed_capacity, lmhead_capacity;
     tovl_devptr table_block;
+    /* Fixed-shape shard sets: slot s's shifted ids, lmhead_capacity u32 at
+     * ids_block + 4 * lmhead_capacity * s, rewritten by each load; the rows
+     * stay the overlay's own. `ids_scratch` is the host side of that write. */
+    tovl_devptr ids_block;
+    uint32_t *ids_scratch;
     pthread_mutex_t lock;
     tovl_retired_overlay *retired;
     uint32_t retired_count, retired_capacity;

@@ -2,7 +2,8 @@
  * unloaded in place by stream-ordered writes of their table entries. The
  * tables point into the overlays' own buffers (no row is copied), so a load
  * writes 40 bytes; the overlay it replaces stays retained until a fence
- * recorded after the write has passed. */
+ * recorded after the write has passed. A shard set's load also writes the
+ * slot's in-shard ids, shifted, into a buffer the set owns: 4 bytes a cell. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,18 +17,55 @@
 enum { FIELD_SLOT_MAP, FIELD_EMBED_ROWS, FIELD_LMHEAD_ROWS, FIELD_LMHEAD_IDS, FIELD_EMBED_N, FIELD_N_OVERRIDE,
        FIELD_COUNT };
 
+/* A shard set's id for a cell of the span that lies outside the shard: every
+ * port skips an id >= the kernels' vocab (the spec's `id < vocab`). */
+#define OUTSIDE_SHARD UINT32_MAX
+
 static uint64_t field_offset(uint32_t max_loras, int field) {
     return field < FIELD_EMBED_N ? (uint64_t)field * 8u * max_loras
                                  : 32u * (uint64_t)max_loras + (uint64_t)(field - FIELD_EMBED_N) * 4u * max_loras;
 }
 
-/* One slot's six entries, in the order of the fields. */
+/* One slot's six entries, in the order of the fields, and for a shard set
+ * the `ids_count` shifted ids staged in the set's ids_scratch. */
 typedef struct slot_entries {
     uint64_t slot_map, embed_rows, lmhead_rows, lmhead_ids;
     uint32_t embed_n, n_override;
+    uint32_t ids_count;
 } slot_entries;
 
-static slot_entries entries_of(const tovl_token_overlay_set *set, const tovl_embed_overlay *ov) {
+/* A shard set's cells of one slot: the span of the slot's lm_head source from
+ * its first to its last id inside [vocab_start, vocab_end). Ids that increase,
+ * as the importer makes them, give a span of exactly the in-shard cells; in any
+ * other order the span's cells outside the shard get OUTSIDE_SHARD. The rows
+ * are the overlay's own, from the span's first. */
+static void shard_entries(tovl_token_overlay_set *set, const tovl_embed_overlay *ov, slot_entries *e, uint32_t s) {
+    const uint32_t *host = ov->has_lmhead ? ov->host_lmhead_ids : ov->host_embed_ids;
+    const uint32_t n = e->n_override;
+    uint32_t first = n, last = 0;
+    for (uint32_t j = 0; j < n; j++) {
+        if (host[j] >= set->vocab_start && host[j] < set->vocab_end) {
+            first = first == n ? j : first;
+            last = j;
+        }
+    }
+    if (first == n) {
+        e->lmhead_rows = e->lmhead_ids = 0;
+        e->n_override = 0;
+        return;
+    }
+    const uint32_t m = last - first + 1;
+    for (uint32_t k = 0; k < m; k++) {
+        const uint32_t id = host[first + k];
+        set->ids_scratch[k] = id >= set->vocab_start && id < set->vocab_end ? id - set->vocab_start : OUTSIDE_SHARD;
+    }
+    e->lmhead_rows += (uint64_t)first * set->hidden * sizeof(uint16_t);
+    e->lmhead_ids = set->ids_block + 4ull * set->lmhead_capacity * s;
+    e->n_override = m;
+    e->ids_count = m;
+}
+
+static slot_entries entries_of(tovl_token_overlay_set *set, const tovl_embed_overlay *ov, uint32_t s) {
     slot_entries e;
     memset(&e, 0, sizeof e);
     if (ov) {
@@ -38,27 +76,35 @@ static slot_entries entries_of(const tovl_token_overlay_set *set, const tovl_emb
         tovl_set_lmhead_source(set, ov, &ids, &rows, &e.n_override);
         e.lmhead_rows = rows;
         e.lmhead_ids = ids;
+        if (set->sharded) {
+            shard_entries(set, ov, &e, s);
+        }
     }
     return e;
 }
 
-/* Write slot s's entries on `stream`, as one step of the stream. */
+/* Write slot s's entries (and a shard set's staged ids) on `stream`, as one
+ * step of the stream. */
 static tovl_status write_entries(tovl_token_overlay_set *set, uint32_t s, const slot_entries *e, void *stream,
                                  bool *settled) {
     const uint32_t L = set->max_loras;
     const void *src[FIELD_COUNT] = {&e->slot_map, &e->embed_rows, &e->lmhead_rows, &e->lmhead_ids, &e->embed_n,
                                     &e->n_override};
-    tovl_device_write w[FIELD_COUNT];
+    tovl_device_write w[FIELD_COUNT + 1];
     for (int f = 0; f < FIELD_COUNT; f++) {
         const size_t elem = f < FIELD_EMBED_N ? 8u : 4u;
         w[f] = (tovl_device_write){set->table_block + field_offset(L, f) + elem * s, src[f], elem};
     }
-    return tovl_core_write(set->backend, w, FIELD_COUNT, stream, settled);
+    uint32_t count = FIELD_COUNT;
+    if (e->ids_count > 0) {
+        w[count++] = (tovl_device_write){e->lmhead_ids, set->ids_scratch, (size_t)e->ids_count * 4u};
+    }
+    return tovl_core_write(set->backend, w, count, stream, settled);
 }
 
-tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_shape *shape,
-                                          tovl_token_overlay_set **out) {
-    const char *fn = "tovl_token_overlay_set_create";
+/* Both creators; a shard set covers [vocab_start, vocab_end), checked by the caller. */
+static tovl_status fixed_create(const char *fn, tovl_backend *backend, const tovl_set_shape *shape, bool sharded,
+                                uint32_t vocab_start, uint32_t vocab_end, tovl_token_overlay_set **out) {
     if (!out) {
         return tovl_error(TOVL_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
     }
@@ -96,8 +142,9 @@ tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_
     set->tied = shape->tied;
     set->vocab = shape->vocab;
     set->hidden = shape->hidden;
-    set->vocab_start = 0;
-    set->vocab_end = shape->vocab;
+    set->sharded = sharded;
+    set->vocab_start = sharded ? vocab_start : 0;
+    set->vocab_end = sharded ? vocab_end : shape->vocab;
     set->embed_capacity = shape->embed_capacity;
     set->lmhead_capacity = shape->lmhead_capacity;
     set->max_embed_n = shape->embed_capacity;
@@ -111,6 +158,13 @@ tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_
         st = tovl_upload(backend, set->table_block, zeros, bytes);
     }
     free(zeros);
+    if (st == TOVL_OK && sharded && shape->lmhead_capacity > 0) {
+        const size_t id_bytes = 4u * (size_t)shape->lmhead_capacity;
+        set->ids_scratch = malloc(id_bytes);
+        st = set->ids_scratch ? tovl_alloc(backend, id_bytes * shape->max_loras, &set->ids_block)
+                              : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "%s: out of host memory (lmhead_capacity %u)", fn,
+                                           shape->lmhead_capacity);
+    }
     if (st != TOVL_OK) {
         tovl_set_free(set);
         return st;
@@ -127,6 +181,32 @@ tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_
     tovl_clear_error();
     *out = set;
     return TOVL_OK;
+}
+
+tovl_status tovl_token_overlay_set_create(tovl_backend *backend, const tovl_set_shape *shape,
+                                          tovl_token_overlay_set **out) {
+    return fixed_create("tovl_token_overlay_set_create", backend, shape, false, 0, 0, out);
+}
+
+tovl_status tovl_token_overlay_set_create_shard(tovl_backend *backend, const tovl_set_shape *shape,
+                                                uint32_t vocab_start, uint32_t vocab_end,
+                                                tovl_token_overlay_set **out) {
+    const char *fn = "tovl_token_overlay_set_create_shard";
+    if (out) {
+        *out = NULL;
+    }
+    if (vocab_start >= vocab_end) {
+        return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
+                          "%s: vocab_start %u >= vocab_end %u: the shard [vocab_start, vocab_end) is empty", fn,
+                          vocab_start, vocab_end);
+    }
+    if (shape && shape->vocab > 0 && vocab_start >= shape->vocab) {
+        return tovl_error(TOVL_ERR_ID_OUT_OF_RANGE,
+                          "%s: vocab_start %u >= shape.vocab %u: the shard [%u, %u) lies past the served vocab and "
+                          "holds no cell",
+                          fn, vocab_start, shape->vocab, vocab_start, vocab_end);
+    }
+    return fixed_create(fn, backend, shape, true, vocab_start, vocab_end, out);
 }
 
 /* Why `ov` cannot go into this set's slot, as an error; TOVL_OK when it fits. */
@@ -249,12 +329,12 @@ static tovl_status swap_slot(tovl_token_overlay_set *set, const char *fn, uint32
     tovl_embed_overlay *old = set->overlays[slot];
     bool settled = false;
     if (st == TOVL_OK && old != ov) {
-        const slot_entries e = entries_of(set, ov);
+        const slot_entries e = entries_of(set, ov, slot);
         st = write_entries(set, slot, &e, stream, &settled);
         if (st != TOVL_OK) {
             /* Put the old entries back, so no later launch sees a part of the
              * refused write; keep this error's detail. */
-            const slot_entries back = entries_of(set, old);
+            const slot_entries back = entries_of(set, old, slot);
             bool ignored;
             char detail[512];
             snprintf(detail, sizeof detail, "%s", tovl_last_error());

@@ -395,8 +395,8 @@ tovl_status tovl_vk_fill_u32(void *vctx, tovl_devptr dst, uint32_t pattern, size
     return tovl_vk_submit_own(ctx, "fill_u32");
 }
 
-/* vkCmdUpdateBuffer takes at most 65536 bytes, a multiple of 4, at a 4-byte
- * offset: table entries are 4 or 8 bytes. */
+/* vkCmdUpdateBuffer takes a multiple of 4 bytes at a 4-byte offset: table
+ * entries are 4 or 8 bytes, a shard set's ids 4 a cell. */
 tovl_status tovl_vk_write_async(void *vctx, const tovl_device_write *writes, uint32_t count, void *stream) {
     vk_ctx *ctx = vctx;
     const vk_allocation *at[8];
@@ -409,10 +409,10 @@ tovl_status tovl_vk_write_async(void *vctx, const tovl_device_write *writes, uin
         if (!at[i]) {
             return unknown_range("write_async", writes[i].dst, writes[i].bytes);
         }
-        if (writes[i].bytes % 4 || writes[i].bytes > 65536 || (writes[i].dst - at[i]->address) % 4) {
+        if (writes[i].bytes % 4 || (writes[i].dst - at[i]->address) % 4) {
             return tovl_error(TOVL_ERR_INVALID_ARGUMENT,
                               "vulkan: write_async of %zu bytes at 0x%llx: vkCmdUpdateBuffer needs a multiple of "
-                              "4 up to 65536 at a 4-byte offset",
+                              "4 at a 4-byte offset",
                               writes[i].bytes, (unsigned long long)writes[i].dst);
         }
     }
@@ -424,9 +424,14 @@ tovl_status tovl_vk_write_async(void *vctx, const tovl_device_write *writes, uin
         }
     }
     all_to_transfer_barrier_in(ctx, cmd);
+    /* vkCmdUpdateBuffer takes at most 65536 bytes: a longer write (a shard
+     * set's ids) is several, in the same command buffer, so still one step. */
     for (uint32_t i = 0; i < count; i++) {
-        ctx->vk.vkCmdUpdateBuffer(cmd, at[i]->buffer, writes[i].dst - at[i]->address, writes[i].bytes,
-                                  writes[i].src);
+        for (size_t done = 0; done < writes[i].bytes; done += 65536) {
+            const size_t part = writes[i].bytes - done < 65536 ? writes[i].bytes - done : 65536;
+            ctx->vk.vkCmdUpdateBuffer(cmd, at[i]->buffer, writes[i].dst - at[i]->address + done, part,
+                                      (const uint8_t *)writes[i].src + done);
+        }
     }
     transfer_to_all_barrier_in(ctx, cmd);
     return stream ? TOVL_OK : tovl_vk_submit_own(ctx, "write_async");

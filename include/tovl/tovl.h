@@ -392,6 +392,22 @@ TOVL_API tovl_status tovl_token_overlay_set_from_slots_shard(tovl_backend *backe
                                                              tovl_embed_overlay *const *overlays,
                                                              uint32_t max_loras, bool tied, uint32_t vocab_start,
                                                              uint32_t vocab_end, tovl_token_overlay_set **out);
+/* A fixed-shape set (tovl_token_overlay_set_create) for one vocab shard
+ * [vocab_start, vocab_end), as from_slots_shard is for from_slots: the lm_head
+ * hook patches the rank's logits shard, the embed hook the whole rows, and the
+ * slots load and unload in place, ordered on a stream, so every rank's captured
+ * graphs keep serving while the ranks load the same slots at the same step. A
+ * load writes the slot's in-shard ids, shifted by -vocab_start, into memory
+ * the set owns (4 bytes a cell of lmhead_capacity, a slot) and points at the
+ * overlay's own rows: with ids in increasing order, as the importer makes
+ * them, they are one run of the overlay's part. The capacity counts an
+ * overlay's whole lm_head cells, not only its shard's, so every rank accepts
+ * or refuses a load alike, and every rank's launch is the same. The range
+ * rule and its errors are from_slots_shard's, against shape.vocab; the other
+ * errors are tovl_token_overlay_set_create's. */
+TOVL_API tovl_status tovl_token_overlay_set_create_shard(tovl_backend *backend, const tovl_set_shape *shape,
+                                                         uint32_t vocab_start, uint32_t vocab_end,
+                                                         tovl_token_overlay_set **out);
 /* The shard a set covers: [0, vocab) for an unsharded set ([0, 0) for a NULL
  * set or an unsharded empty pool). Either pointer may be NULL. */
 TOVL_API void tovl_token_overlay_set_shard_range(const tovl_token_overlay_set *set, uint32_t *vocab_start,

@@ -1114,6 +1114,15 @@ extern "C" {
     ) -> tovl_status;
 }
 extern "C" {
+    pub fn tovl_token_overlay_set_create_shard(
+        backend: *mut tovl_backend,
+        shape: *const tovl_set_shape,
+        vocab_start: u32,
+        vocab_end: u32,
+        out: *mut *mut tovl_token_overlay_set,
+    ) -> tovl_status;
+}
+extern "C" {
     pub fn tovl_token_overlay_set_shard_range(
         set: *const tovl_token_overlay_set,
         vocab_start: *mut u32,
