@@ -103,15 +103,17 @@ if(CMAKE_C_FLAGS MATCHES "-fsanitize=")
       set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${TOVL_SANITIZER_ENV})
       set_property(TEST ${t} APPEND PROPERTY FAIL_REGULAR_EXPRESSION ${TOVL_SANITIZER_FAIL_REGEX})
       # Our executables: a test named as its target, or as its target plus
-      # one "_variant" suffix (test_vulkan_conform_subgroup4). Script tests
-      # (cmake -P, objdump) get neither the preload nor a changed dlclose.
+      # one "_variant" suffix (test_vulkan_conform_subgroup4), or a part of
+      # a parted test (test_vulkan.shards). Script tests (cmake -P, objdump)
+      # get neither the preload nor a changed dlclose.
       string(REGEX REPLACE "_[^_]+$" "" base "${t}")
+      string(REGEX REPLACE "[.][^.]+$" "" part_of "${t}")
       if(t IN_LIST TOVL_SANITIZER_CHILD_TESTS AND TOVL_SANITIZER_PRELOAD)
         string(REPLACE "LD_PRELOAD=" "TOVL_CHILD_LD_PRELOAD=" child_preload "${TOVL_SANITIZER_PRELOAD}")
         set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${child_preload}")
       elseif(t IN_LIST TOVL_SANITIZER_UNLOAD_TESTS)
         set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "ASAN_OPTIONS=halt_on_error=1:detect_leaks=0:print_stacktrace=1")
-      elseif(TOVL_SANITIZER_PRELOAD AND (TARGET "${t}" OR TARGET "${base}"))
+      elseif(TOVL_SANITIZER_PRELOAD AND (TARGET "${t}" OR TARGET "${base}" OR TARGET "${part_of}"))
         set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT "${TOVL_SANITIZER_PRELOAD}")
       endif()
     endforeach()

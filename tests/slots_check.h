@@ -20,12 +20,14 @@
 
 #include "tovl/tovl.h"
 
-/* The three hook calls a replay runs. */
+/* The three hook calls a replay runs; then, for the shard check, those of
+ * the sets `next` leads to (NULL: none). */
 typedef struct slots_hooks {
     const tovl_token_overlay_set *set;
     const tovl_overlay_kernels *kernels;
     tovl_embed_hook_args embed;
     tovl_lmhead_hook_args lm_bf16, lm_f32;
+    const struct slots_hooks *next;
 } slots_hooks;
 
 typedef struct slots_replayer {
@@ -46,7 +48,8 @@ typedef struct slots_eager {
     const slots_hooks *hooks;
 } slots_eager;
 slots_replayer slots_eager_replayer(slots_eager *state);
-/* Enqueue the three hooks on `stream` (a Criterion assertion on each). */
+/* Enqueue the three hooks of `hooks` and of every set after it on `stream`
+ * (a Criterion assertion on each). */
 void slots_enqueue(const slots_hooks *hooks, void *stream);
 
 typedef struct slots_config {
@@ -57,6 +60,25 @@ typedef struct slots_config {
 
 /* The check above on `be`; `tag` names it in messages. */
 void slots_check_rounds(tovl_backend *be, const slots_replayer *replayer, const slots_config *cfg, const char *tag);
+
+/* The same rounds over vocab shards: for every world size N = 1 .. 8, one
+ * fixed-shape shard set per rank (tovl_token_overlay_set_create_shard, vLLM's
+ * split of `vocab` padded to 64), all recorded once while empty, every load
+ * and unload applied to the same slot of every set. After each replay, each
+ * N's shards of the bf16 and f32 logits, concatenated, and each rank's embed
+ * output equal an unsharded from_slots set's on the CPU reference, bit for
+ * bit; the pad columns past each shard's width and the guards are untouched.
+ * A rank whose shard is padding only has no set, as in an engine. Adapters
+ * mix ids in increasing order (the importer's) and shuffled, with every
+ * shard edge of every N among them. */
+typedef struct slots_shard_config {
+    uint32_t rounds;
+    bool tied;
+    uint32_t vocab;
+    uint32_t capacity;
+} slots_shard_config;
+void slots_check_shards(tovl_backend *be, const slots_replayer *replayer, const slots_shard_config *cfg,
+                        const char *tag);
 
 /* A loader thread loads A, loads B and unloads slot 0 of a one-slot set in a
  * loop while this thread runs both hooks `replays` times on the backend's own

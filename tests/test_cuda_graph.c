@@ -6,6 +6,7 @@
  * idempotent). Skips with the backend's reason where there is no GPU.
  */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,6 +182,33 @@ Test(cuda_graph, slots_in_place_under_one_captured_graph_tied, .timeout = 600) {
 
 Test(cuda_graph, slots_in_place_under_one_captured_graph_untied, .timeout = 600) {
     slots_graph(false, 12, "cuda_graph_slots_untied");
+}
+
+/* Fixed-shape shard sets: every rank of N = 1 .. 8 (and an unsharded set)
+ * captured once into one graph while empty, 1000 rounds of the same loads on
+ * every rank per vocabulary of test_tp, capacity 160. */
+static const uint32_t shard_vocabs[] = {509, 777, 1000, 1021, 4096, 131};
+static size_t shard_cases[2 * sizeof shard_vocabs / sizeof shard_vocabs[0]];
+
+ParameterizedTestParameters(cuda_graph, shard_slots_under_one_captured_graph) {
+    const size_t n = sizeof shard_cases / sizeof shard_cases[0];
+    for (size_t i = 0; i < n; i++) {
+        shard_cases[i] = i;
+    }
+    return cr_make_param_array(size_t, shard_cases, n);
+}
+ParameterizedTest(size_t *index, cuda_graph, shard_slots_under_one_captured_graph, .timeout = 900) {
+    tovl_backend *be = open_cuda_or_skip();
+    graph_replayer g = {.cu = tovl_cuda_backend_driver(be)};
+    g.stream = cuda_engine_stream_open(be);
+    slots_replayer rp = {.record = graph_record, .replay = graph_replay, .load_stream = g.stream, .user = &g};
+    const slots_shard_config cfg = {.rounds = 1000, .tied = *index % 2, .vocab = shard_vocabs[*index / 2],
+                                    .capacity = 160};
+    slots_check_shards(be, &rp, &cfg, "cuda_graph_shards");
+    g.cu->cuGraphExecDestroy(g.exec);
+    g.cu->cuGraphDestroy(g.graph);
+    cuda_engine_stream_close(be, g.stream);
+    tovl_backend_close(be);
 }
 
 /* A capacity of 160, past the 64 rows the launch is shaped for, with two

@@ -441,6 +441,63 @@ Test(faults, fixed_set_create_every_allocation_and_upload) {
     }
 }
 
+/* The shard sets': also the ids buffer's allocation. */
+static tovl_status op_create_shard(void *arg) {
+    const uint32_t *max_loras = arg;
+    tovl_token_overlay_set *set = (tovl_token_overlay_set *)&set;
+    const tovl_set_shape shape = {*max_loras, V, HID, true, 12, 12};
+    tovl_status st = tovl_token_overlay_set_create_shard(be, &shape, V / 3, V, &set);
+    if (st == TOVL_OK) {
+        tovl_token_overlay_set_destroy(set);
+    } else {
+        cr_assert_null(set, "create_shard failed but handed out a set");
+    }
+    return st;
+}
+
+Test(faults, fixed_shard_set_create_every_allocation_and_upload) {
+    const uint32_t sizes[] = {1, MAXL, 256};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        uint32_t max_loras = sizes[i];
+        char name[48];
+        snprintf(name, sizeof name, "create_shard (max_loras %u)", max_loras);
+        cr_assert_geq(drive(name, op_create_shard, &max_loras), 3, "two allocations and one upload");
+    }
+}
+
+/* A shard set's load writes a seventh piece, the slot's shifted ids: a
+ * failure of any of the seven leaves the slot as it was. */
+Test(faults, fixed_shard_set_loads_fail_cleanly_on_both_paths) {
+    tovl_embed_overlay *a = NULL, *b = NULL;
+    cr_assert_eq(build_slot(0, true, &a), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(build_slot(2, true, &b), TOVL_OK, "%s", tovl_last_error());
+    const tovl_set_shape shape = {MAXL, V, HID, true, 12, 12};
+    tovl_token_overlay_set *set = NULL;
+    cr_assert_eq(tovl_token_overlay_set_create_shard(be, &shape, 0, V / 2, &set), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_load(set, 0, a, NULL), TOVL_OK, "%s", tovl_last_error());
+    reset_counters();
+    w->fail_write_at = 1;
+    expect_failed_swap(set, a, b, "a shard set's load with write_async failing");
+    w->iface.iface_version = 1;
+    long pieces = 0;
+    reset_counters();
+    cr_assert_eq(tovl_token_overlay_set_load(set, 1, b, NULL), TOVL_OK, "%s", tovl_last_error());
+    pieces = w->uploads;
+    cr_assert(pieces == 6 || pieces == 7, "a version-1 shard load wrote %ld pieces", pieces);
+    for (long n = 1; n <= pieces; n++) {
+        reset_counters();
+        w->fail_upload_at = n;
+        char what[64];
+        snprintf(what, sizeof what, "a version-1 shard load with upload %ld of %ld failing", n, pieces);
+        expect_failed_swap(set, a, b, what);
+    }
+    w->iface.iface_version = TOVL_BACKEND_IFACE_VERSION;
+    tovl_token_overlay_set_destroy(set);
+    tovl_embed_overlay_release(a);
+    tovl_embed_overlay_release(b);
+    expect_golden_unchanged("fixed-shape shard set loads");
+}
+
 Test(faults, fixed_set_loads_fail_cleanly_on_both_paths) {
     tovl_embed_overlay *a = NULL, *b = NULL;
     cr_assert_eq(build_slot(0, true, &a), TOVL_OK, "%s", tovl_last_error());

@@ -4,6 +4,7 @@
  * named and harmless; the version-1 path; a loader thread beside a serving
  * thread (also run under ThreadSanitizer, scripts/sanitize.sh). */
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -40,6 +41,30 @@ Test(slots, rounds_through_a_version_1_backend, .timeout = 300) {
     slots_check_rounds(be, &rp, &(slots_config){.rounds = 300, .tied = true, .capacity = 5}, "slots_cpu_v1");
     cr_expect_eq(w->writes, 0, "a version-1 backend's write_async was called");
     cr_expect_gt(w->syncs, 0, "the version-1 path waits for the stream");
+    tovl_backend_close(be);
+}
+
+/* Fixed-shape shard sets: every rank of N = 1 .. 8 over the vocabularies of
+ * test_tp, the same rounds applied to every rank, concatenated equal to the
+ * unsharded reference after every round. */
+static const uint32_t shard_vocabs[] = {509, 777, 1000, 1021, 4096, 131};
+static size_t shard_cases[2 * sizeof shard_vocabs / sizeof shard_vocabs[0]];
+
+ParameterizedTestParameters(slots, shard_rounds_against_the_unsharded_reference) {
+    const size_t n = sizeof shard_cases / sizeof shard_cases[0];
+    for (size_t i = 0; i < n; i++) {
+        shard_cases[i] = i;
+    }
+    return cr_make_param_array(size_t, shard_cases, n);
+}
+ParameterizedTest(size_t *index, slots, shard_rounds_against_the_unsharded_reference, .timeout = 600) {
+    tovl_backend *be = NULL;
+    cr_assert_eq(tovl_backend_open("cpu", &be), TOVL_OK);
+    slots_eager e = {.be = be};
+    slots_replayer rp = slots_eager_replayer(&e);
+    const slots_shard_config cfg = {.rounds = 1000, .tied = *index % 2, .vocab = shard_vocabs[*index / 2],
+                                    .capacity = 160};
+    slots_check_shards(be, &rp, &cfg, "slots_cpu_shards");
     tovl_backend_close(be);
 }
 

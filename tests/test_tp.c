@@ -485,6 +485,36 @@ Test(tp_errors, a_range_past_the_served_vocab_names_it) {
     tovl_token_overlay_set_destroy(set);
 }
 
+/* Fixed-shape shard sets: the ranges of from_slots_shard against shape.vocab;
+ * a load over the capacity refused on every rank alike (the capacity counts
+ * the overlay's whole lm_head), whether or not its shard holds a cell. */
+Test(tp_errors, fixed_shard_sets_name_their_ranges_and_refuse_alike) {
+    const tovl_set_shape shape = {2, 100, HID, false, 4, 1};
+    tovl_token_overlay_set *set = (tovl_token_overlay_set *)1;
+    cr_assert_eq(tovl_token_overlay_set_create_shard(err_be, &shape, 40, 40, &set), TOVL_ERR_INVALID_ARGUMENT);
+    cr_assert_null(set);
+    cr_assert(strstr(tovl_last_error(), "vocab_start 40 >= vocab_end 40"), "%s", tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_create_shard(err_be, &shape, 100, 128, &set), TOVL_ERR_ID_OUT_OF_RANGE);
+    cr_assert(strstr(tovl_last_error(), "vocab_start 100 >= shape.vocab 100"), "%s", tovl_last_error());
+    cr_assert_eq(tovl_token_overlay_set_create_shard(err_be, NULL, 0, 10, &set), TOVL_ERR_INVALID_ARGUMENT);
+    const tovl_set_shape empty_shape = {2, 100, HID, false, 0, 0};
+    cr_assert_eq(tovl_token_overlay_set_create_shard(err_be, &empty_shape, 0, 10, &set), TOVL_OK, "%s",
+                 tovl_last_error()); /* no lm_head capacity: no ids buffer */
+    tovl_token_overlay_set_destroy(set);
+    /* err_ov[0]'s lm_head holds 3 cells (ids 0, 50, 99), over the capacity of 1: refused on a
+     * rank whose shard holds one of them and on one that holds none. */
+    const uint32_t ranges[2][2] = {{0, 50}, {1, 50}};
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(tovl_token_overlay_set_create_shard(err_be, &shape, ranges[i][0], ranges[i][1], &set), TOVL_OK,
+                     "%s", tovl_last_error());
+        cr_assert_eq(tovl_token_overlay_set_load(set, 1, err_ov[0], NULL), TOVL_ERR_CAPACITY, "[%u, %u)",
+                     ranges[i][0], ranges[i][1]);
+        cr_assert(strstr(tovl_last_error(), "lmhead_capacity"), "%s", tovl_last_error());
+        cr_assert_null(tovl_token_overlay_set_slot(set, 1));
+        tovl_token_overlay_set_destroy(set);
+    }
+}
+
 Test(tp_errors, ld_below_the_shard_width_names_the_shard) {
     tovl_token_overlay_set *set = NULL;
     cr_assert_eq(tovl_token_overlay_set_from_slots_shard(err_be, err_ov, 2, false, 32, 64, &set), TOVL_OK);

@@ -21,7 +21,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
     execute_process(COMMAND ${tovl} bench --backend ${BACKEND} --tp 3 --quick --tokens 8 --batch 1 --repeats 2
                     RESULT_VARIABLE rc OUTPUT_VARIABLE stdout ERROR_VARIABLE stderr)
     message("${stdout}${stderr}")
-    if(NOT rc EQUAL 0 OR NOT stdout MATCHES "equal the unsharded set \\(2 checks\\)")
+    if(NOT rc EQUAL 0 OR NOT stdout MATCHES "equal the unsharded set \\(4 checks; from_slots and fixed-shape")
       message(FATAL_ERROR "tovl bench --tp 3 --backend ${BACKEND}: exit ${rc}, or the shards' check is missing")
     endif()
     return()

@@ -4,7 +4,11 @@ if(NOT TOVL_HAVE_VULKAN)
   return()
 endif()
 
-tovl_add_test(test_vulkan test_vulkan.c)
+# test_vulkan.shards (vulkan_shards/*, the fixed-shape shard sets' rounds,
+# minutes on lavapipe) apart from test_vulkan.rest, each with its own timeout.
+tovl_add_parted_test(test_vulkan SUITE vulkan PARTS "slots_*" SOURCES test_vulkan.c)
+add_test(NAME test_vulkan.shards COMMAND test_vulkan --jobs 1 --short-filename --filter "vulkan_shards/*")
+set_tests_properties(test_vulkan.shards PROPERTIES TIMEOUT 1500)
 target_link_libraries(test_vulkan PRIVATE ${CMAKE_DL_LIBS})
 # `tovl bench` run on the device (skipped when the tools are not built).
 if(TARGET tovl_cli)

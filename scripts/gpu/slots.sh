@@ -8,7 +8,8 @@
 #      port's source on this GPU);
 #   2. test_cuda_graph's and test_vulkan's slots tests: 1000 rounds of loads
 #      under one captured graph / one recorded command buffer, the ordering
-#      test, 10,000 swaps' memory, capacity 160 past the shaped rows;
+#      test, 10,000 swaps' memory, capacity 160 past the shaped rows; the
+#      fixed-shape shard sets of N = 1 .. 8 under one graph / command buffer;
 #   3. tovl bench --capacity beside the from_slots set, each checked bit for
 #      bit first, on cuda, the HIP source (--cuda-image) and vulkan: capacity
 #      64 and 256 over 8 x 64 rows, 256 over 8 x 4.
@@ -25,7 +26,9 @@ step conform-cuda "$tovl" conform --backend cuda
 step cuda-batches timeout 120 "$build/tests/test_cuda" --jobs 1 --filter 'cuda/hooks_match_the_cpu_on_gpu_sized_batches'
 step hip-on-cuda timeout 120 "$build/tests/test_hip_on_cuda" --jobs 1
 step graph-slots "$build/tests/test_cuda_graph" --jobs 1 --filter 'cuda_graph/@(slots_*|a_load_*|ten_thousand_*)'
+step graph-shards "$build/tests/test_cuda_graph" --jobs 1 --filter 'cuda_graph/shard_slots_*'
 step vulkan-slots "$build/tests/test_vulkan" --jobs 1 --filter 'vulkan/slots_*'
+step vulkan-shards "$build/tests/test_vulkan" --jobs 1 --filter 'vulkan_shards/*'
 for b in cuda hip vulkan; do
   case $b in
     hip) target=(--cuda-image "$hip_cubin") ;;

@@ -42,7 +42,7 @@ if [ "$validation" = on ]; then
     --output-on-failure
 else
   # The validation-counted tests need the layer; run the rest.
-  step ctest ctest --test-dir "$build" -R '^test_vulkan$' --output-on-failure
+  step ctest ctest --test-dir "$build" -R '^test_vulkan[.]' --output-on-failure
 fi
 step conform "$tovl" conform --backend vulkan --seed "$seed"
 step conform-golden "$tovl" conform --backend vulkan --against tests/golden/conform-seed-1.json \
