@@ -36,7 +36,8 @@
 //! `TokenOverlaySet` = `tovl_token_overlay_set`, `from_slots` =
 //! `tovl_token_overlay_set_from_slots`, `try_kernel` = `tovl_try_kernel`;
 //! `SetShape` = `tovl_set_shape`, `with_shape` =
-//! `tovl_token_overlay_set_create`, `load` / `unload` / `collect` /
+//! `tovl_token_overlay_set_create`, `with_shape_shard` =
+//! `tovl_token_overlay_set_create_shard`, `load` / `unload` / `collect` /
 //! `is_fixed` / `slot` = `tovl_token_overlay_set_load` / `_unload` /
 //! `_collect` / `_is_fixed` / `_slot`.
 //!

@@ -249,6 +249,22 @@ impl<'b> TokenOverlaySet<'b> {
     /// the rows stay in the overlays it holds. Errors: `InvalidArgument`
     /// naming a field of `shape` that is 0.
     pub fn with_shape(gpu: &'b dyn GpuBackend, shape: &SetShape) -> Result<Self> {
+        Self::shaped(gpu, shape, None)
+    }
+
+    /// A fixed-shape set for one tensor-parallel vocab shard `vocab`
+    /// (`[start, end)` of the served vocab, `tovl_token_overlay_set_create_shard`):
+    /// [`with_shape`](Self::with_shape) as [`from_slots_shard`](Self::from_slots_shard)
+    /// is to [`from_slots`](Self::from_slots). Every rank loads the same slot at
+    /// the same step and keeps its captured graphs; the capacity counts an
+    /// overlay's whole lm_head, so every rank accepts or refuses a load alike.
+    /// Errors: those of `with_shape`, and of `from_slots_shard`'s range rule
+    /// against `shape.vocab`.
+    pub fn with_shape_shard(gpu: &'b dyn GpuBackend, shape: &SetShape, vocab: Range<u32>) -> Result<Self> {
+        Self::shaped(gpu, shape, Some(vocab))
+    }
+
+    fn shaped(gpu: &'b dyn GpuBackend, shape: &SetShape, shard: Option<Range<u32>>) -> Result<Self> {
         let backend = gpu.backend();
         let c = sys::tovl_set_shape {
             max_loras: shape.max_loras,
@@ -260,7 +276,12 @@ impl<'b> TokenOverlaySet<'b> {
         };
         let mut raw = std::ptr::null_mut();
         // SAFETY: a live backend, a valid shape and output.
-        let code = unsafe { sys::tovl_token_overlay_set_create(backend.as_raw(), &c, &mut raw) };
+        let code = unsafe {
+            match shard {
+                None => sys::tovl_token_overlay_set_create(backend.as_raw(), &c, &mut raw),
+                Some(v) => sys::tovl_token_overlay_set_create_shard(backend.as_raw(), &c, v.start, v.end, &mut raw),
+            }
+        };
         let mut set = Self::from_out(code, raw, Vec::new(), backend)?;
         set.shape = Some(*shape);
         Ok(set)

@@ -358,3 +358,36 @@ fn refusals_name_the_value_and_keep_the_slot() {
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.detail().contains("shape.vocab"), "{:?}", e.detail());
 }
+
+#[test]
+fn a_shard_set_covers_its_range_and_refuses_like_every_rank() {
+    let mut r = Rng::new(common::seed("fixed shard set"));
+    let be = Backend::open("cpu").unwrap();
+    let shape = SetShape {
+        max_loras: 2,
+        vocab: 300,
+        hidden: 32,
+        tied: false,
+        embed_capacity: 4,
+        lmhead_capacity: 6,
+    };
+    let set = TokenOverlaySet::with_shape_shard(&be, &shape, 100..200).unwrap();
+    assert!(set.is_fixed() && !set.any_active());
+    assert_eq!((set.shard_range(), set.max_n_override()), (100..200, 6));
+    let good = overlay(&be, &mut r, (300, 32), 4, Some(6), false);
+    set.load(1, &good, Stream::BACKEND).unwrap();
+    set.unload(1, Stream::BACKEND).unwrap();
+    // The capacity counts the whole lm_head, whatever the shard holds of it.
+    let big = overlay(&be, &mut r, (300, 32), 2, Some(7), false);
+    let e = set.load(0, &big, Stream::BACKEND).expect_err("7 lm_head cells");
+    assert_eq!(e.status(), Status::Capacity);
+    assert!(set.slot(0).is_none());
+    for (range, status, name) in [
+        (50..50, Status::InvalidArgument, "vocab_start 50 >= vocab_end 50"),
+        (300..320, Status::IdOutOfRange, "vocab_start 300 >= shape.vocab 300"),
+    ] {
+        let e = TokenOverlaySet::with_shape_shard(&be, &shape, range).expect_err(name);
+        assert_eq!(e.status(), status);
+        assert!(e.to_string().contains(name), "{e}");
+    }
+}
