@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file
 
 import tovl
-from tovl.pool import _State
 from helpers_core import TIED, UNTIED, assert_no_leak, cases, rng
 
 
@@ -131,45 +130,15 @@ def test_slots_report_unload_and_reload() -> None:
 def test_loads_rewrite_the_one_set_in_place_on_cpu() -> None:
     tied = [c for c in cases() if c[2] == TIED and c[3] == 0]
     with tovl.AdapterPool(TIED, "cpu", max_loras=2) as pool:
-        s, gen = pool.overlay_set, pool.generation
+        s = pool.overlay_set
         assert s.fixed and pool.fixed and s.max_n_override == pool.capacity == tovl.pool.DEFAULT_CAPACITY
         assert s.lmhead_grid_y == 64  # the launch is shaped for 64 rows, whatever the capacity
         pool.load(0, tied[0][1] / "adapter")
         pool.load(0, tied[1][1] / "adapter")
         pool.unload(1)
-        assert pool.overlay_set is s and pool.generation == gen  # one set for the pool's life
+        assert pool.overlay_set is s  # one set for the pool's life
         assert s.collect() == 0  # CPU work is done when the op returns: the replaced rows are gone
         assert pool.slots()[0].dir == str(tied[1][1] / "adapter")  # type: ignore[union-attr]
-
-
-class FakeEvent:
-    """A torch.cuda.Event stand-in: query() says whether the stream reached it."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self.waited = False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.waited = True
-
-
-def test_a_retired_set_lives_until_its_event_completes() -> None:
-    with tovl.Backend("cpu") as be, tovl.Model(TIED) as m:
-        state = _State(be, m)
-        sets = [tovl.OverlaySet(be, [None], tied=True) for _ in range(3)]
-        events = [FakeEvent(), FakeEvent(), None]
-        state.retired = list(zip(sets, events))
-        state.reap(wait=False)
-        assert [s.closed for s in sets] == [False, False, True]
-        events[1].done = True  # type: ignore[union-attr]
-        state.reap(wait=False)
-        assert [s.closed for s in sets] == [False, True, True]
-        state.close()  # waits for the rest
-        assert sets[0].closed and events[0].waited  # type: ignore[union-attr]
-        assert m.closed and be.closed
 
 
 def test_failed_load_leaves_the_pool_as_it_was(tmp_path: Path) -> None:
@@ -177,7 +146,7 @@ def test_failed_load_leaves_the_pool_as_it_was(tmp_path: Path) -> None:
     untied = [c for c in cases() if c[2] == UNTIED and c[3] == 0]
     with tovl.AdapterPool(TIED, "cpu", max_loras=2) as pool:
         pool.load(1, tied[0][1] / "adapter")
-        before, gen, slots = pool.overlay_set, pool.generation, pool.slots()
+        before, slots = pool.overlay_set, pool.slots()
         children = len(pool.backend._children)
         for bad in (tmp_path / "absent", untied[0][1] / "adapter" / "adapter_config.json"):
             with pytest.raises(tovl.TovlError):
@@ -187,7 +156,7 @@ def test_failed_load_leaves_the_pool_as_it_was(tmp_path: Path) -> None:
         with pytest.raises(tovl.InvalidInputError, match="slot -1"):
             pool.unload(-1)
         assert pool.overlay_set is before and not before.closed
-        assert (pool.generation, pool.slots(), len(pool.backend._children)) == (gen, slots, children)
+        assert (pool.slots(), len(pool.backend._children)) == (slots, children)
     with pytest.raises(tovl.InvalidInputError, match="closed"):
         pool.overlay_set
     pool.close()

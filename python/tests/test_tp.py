@@ -216,6 +216,106 @@ def _rank_main(rank: int, world: int, port: int, seed: int, work: list[tuple[str
         dist.destroy_process_group()
 
 
+def _swap_group(rank: int, world: int, base: str, padded_arg: int, dirs: list[str], g: np.random.Generator,
+                device: torch.device, rounds: int) -> None:
+    """`rounds` random loads and unloads, the same on every rank, into one pool per rank (its
+    fixed-shape shard set) whose ops were captured once into a torch.cuda.graph on CUDA (called
+    again on the CPU); after each, the embedding rows and the gathered logits shards (bf16 and f32)
+    equal one process's full pool, bit for bit, and the set's handle never changes."""
+    with tovl.AdapterPool(base, device, MAX_LORAS, padded_arg) as full, \
+            tovl.AdapterPool(base, device, MAX_LORAS, padded_arg, tp=tovl.tp_from_distributed()) as pool:
+        m = full.model.info
+        start, end = pool.shard_range
+        padded = vllm_range(m.vocab, world, world - 1)[1]
+        handle = pool.overlay_set.handle
+        assert pool.fixed and pool.overlay_set.fixed
+        ids = torch.from_numpy(g.integers(0, m.vocab, T).astype(np.int32)).to(device)
+        slots = torch.from_numpy(g.integers(-1, MAX_LORAS + 1, T).astype(np.int32)).to(device)
+        rows0 = to_bf16(bf16_bits(g, (T, m.hidden))).to(device)
+        final = to_bf16(bf16_bits(g, (T, m.hidden))).to(device)
+        base_f32 = torch.from_numpy(g.standard_normal((T, padded)).astype(np.float32)).to(device)
+        bases = {torch.float32: base_f32, torch.bfloat16: base_f32.to(torch.bfloat16)}
+        rows = rows0.clone()
+        shard = {dt: b[:, start:end].clone() for dt, b in bases.items()}
+
+        def serve() -> None:
+            rows.copy_(rows0)
+            pool.embed_(rows, ids, slots)
+            for dt, lg in shard.items():
+                lg.copy_(bases[dt][:, start:end])
+                pool.lmhead_(lg, final, slots)
+
+        replay = serve
+        if device.type == "cuda":
+            stream = torch.cuda.Stream(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                serve()  # warm the ops before capture, every slot empty
+            torch.cuda.synchronize(device)
+            with torch.cuda.graph(graph, stream=stream):
+                serve()
+
+            def replay() -> None:
+                graph.replay()
+                torch.cuda.synchronize(device)
+
+        patched = 0
+        for r in range(rounds):
+            s = int(g.integers(MAX_LORAS))
+            if g.integers(4) == 0:
+                full.unload(s)
+                pool.unload(s)
+            else:
+                d = dirs[int(g.integers(len(dirs)))]
+                full.load(s, d)
+                pool.load(s, d)
+            replay()
+            want_rows = rows0.clone()
+            full.embed_(want_rows, ids, slots)
+            assert torch.equal(rows.view(torch.int16), want_rows.view(torch.int16)), \
+                f"rank {rank} round {r}: embedding rows differ from one process's"
+            for dt, lg in shard.items():
+                raw = lg.view(torch.int16 if dt == torch.bfloat16 else torch.int32)
+                words = raw.contiguous().reshape(-1).view(torch.int32).cpu()
+                wmax = vllm_range(m.vocab, world, 0)[1] - vllm_range(m.vocab, world, 0)[0]
+                padded_words = torch.zeros(T * wmax * raw.element_size() // 4, dtype=torch.int32)
+                padded_words[: words.numel()] = words
+                gathered = [torch.empty_like(padded_words) for _ in range(world)]
+                dist.all_gather(gathered, padded_words)
+                parts = []
+                for k in range(world):
+                    a, b = vllm_range(m.vocab, world, k)
+                    n = T * (b - a) * raw.element_size() // 4
+                    parts.append(gathered[k][:n].view(raw.dtype).view(T, b - a))
+                cat = torch.cat(parts, dim=1)
+                one = bases[dt].clone()
+                full.lmhead_(one, final, slots)
+                want = one.cpu().view(raw.dtype)
+                assert torch.equal(cat, want), f"rank {rank} round {r} {dt}: gathered logits differ"
+                patched += not torch.equal(want, bases[dt].cpu().view(raw.dtype))
+            assert pool.overlay_set.handle == handle, "the pool's set changed"
+        assert patched > rounds // 2, f"only {patched} of {2 * rounds} logits patched anything"
+    
+
+def _swap_rank_main(rank: int, world: int, port: int, seed: int, work: list[tuple[str, int, list[str]]],
+                    comm: str, rounds: int) -> None:
+    """One rank of the swap check: "gloo" on CPU tensors, "gloo-cuda" with every rank on GPU 0."""
+    torch.set_num_threads(1)
+    device = torch.device("cpu") if comm == "gloo" else torch.device("cuda", 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        for k, (base, padded, dirs) in enumerate(work):
+            _swap_group(rank, world, base, padded, dirs, np.random.default_rng([seed, k]), device, rounds)
+        dist.barrier()
+        if rank == 0:
+            print(f"test_tp swaps: {world} ranks on {device.type}{' under captured graphs' if device.type == 'cuda' else ''}: "
+                  f"{rounds} rounds of loads and unloads per fixture group, gathered shards equal one process")
+    finally:
+        dist.destroy_process_group()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -252,6 +352,24 @@ def test_tp_ranks_on_one_gpu() -> None:
     seed = int(rng("test_tp_ranks_on_one_gpu").integers(2**32))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     mp.spawn(_rank_main, args=(2, _free_port(), seed, groups(), "gloo-cuda"), nprocs=2, join=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tp_ranks_swap_adapters_in_place(world: int) -> None:
+    """Every rank's pool loads and unloads the same slots at the same step; its one set serves
+    them all (CPU: the ops called again; the GPU test below replays captured graphs)."""
+    seed = int(rng(f"test_tp_ranks_swap_adapters_in_place[{world}]").integers(2**32))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_swap_rank_main, args=(world, _free_port(), seed, groups(), "gloo", 40), nprocs=world, join=True)
+
+
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_tp_ranks_swap_adapters_under_captured_graphs_on_one_gpu() -> None:
+    """Two ranks (gloo) on GPU 0, each with one torch.cuda.graph captured while its slots were
+    empty, replayed after every swap: the gathered logits equal one process's."""
+    seed = int(rng("test_tp_ranks_swap_adapters_under_captured_graphs_on_one_gpu").integers(2**32))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_swap_rank_main, args=(2, _free_port(), seed, groups(), "gloo-cuda", 200), nprocs=2, join=True)
 
 
 def test_vocab_shard_range_is_vllms_split() -> None:

@@ -279,6 +279,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "tovl_token_overlay_set_max_loras": (c_uint32, [P]),
     "tovl_token_overlay_set_tables": (OverlayTablesC, [P]),
     "tovl_token_overlay_set_create": (status, [P, POINTER(SetShapeC), POINTER(P)]),
+    "tovl_token_overlay_set_create_shard": (status, [P, POINTER(SetShapeC), ctypes.c_uint32, ctypes.c_uint32,
+                                                     POINTER(P)]),
     "tovl_token_overlay_set_load": (status, [P, c_uint32, P, c_void_p]),
     "tovl_token_overlay_set_unload": (status, [P, c_uint32, c_void_p]),
     "tovl_token_overlay_set_collect": (status, [P, POINTER(c_uint32)]),

@@ -620,14 +620,22 @@ class OverlaySet(_Handle):
 
     @classmethod
     def with_shape(cls, backend: Backend, *, max_loras: int, vocab: int, hidden: int, tied: bool,
-                   embed_capacity: int, lmhead_capacity: int) -> "OverlaySet":
+                   embed_capacity: int, lmhead_capacity: int,
+                   vocab_range: Optional[tuple[int, int]] = None) -> "OverlaySet":
         """A fixed-shape set: `max_loras` empty slots, each holding at most `embed_capacity`
-        embedding rows and `lmhead_capacity` lm_head cells of overlays of this vocab and hidden."""
+        embedding rows and `lmhead_capacity` lm_head cells of overlays of this vocab and hidden.
+        `vocab_range=(start, end)`: a tensor-parallel rank's shard set
+        (tovl_token_overlay_set_create_shard; the capacity counts an adapter's whole lm_head)."""
         shape = _lib.SetShapeC(max_loras, vocab, hidden, tied, embed_capacity, lmhead_capacity)
         out = _out()
-        check(lib.tovl_token_overlay_set_create(backend.handle, ctypes.byref(shape), ctypes.byref(out)))
+        if vocab_range is None:
+            check(lib.tovl_token_overlay_set_create(backend.handle, ctypes.byref(shape), ctypes.byref(out)))
+        else:
+            start, end = vocab_range
+            check(lib.tovl_token_overlay_set_create_shard(backend.handle, ctypes.byref(shape), start, end,
+                                                          ctypes.byref(out)))
         self = cls.__new__(cls)
-        self._finish(backend, int(out.value or 0), tied, sharded=False)
+        self._finish(backend, int(out.value or 0), tied, sharded=vocab_range is not None)
         return self
 
     def __init__(self, backend: Backend, overlays: Sequence[Optional[Overlay]], *, tied: bool,

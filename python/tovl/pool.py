@@ -9,8 +9,8 @@ ops, or a model compiled with torch.compile, keeps serving whatever is loaded la
 Each slot holds at most `capacity` embedding rows and `capacity` lm_head cells (it costs no memory and
 little time: the lm_head launch is shaped for at most 64 rows a slot): the default fits PEFT's trainable
 tokens; an adapter with more rows (a `modules_to_save` of a large vocab) is refused with the number
-it needs. Under tensor parallelism (`tp`), a load builds the rank's new shard set and swaps it in
-(`generation` counts the swaps): a graph captured before must be captured again.
+it needs. Under tensor parallelism (`tp`) the set is the rank's fixed-shape shard set: every rank
+loads the same slot at the same step, and every rank's captured graphs keep serving.
 """
 
 from __future__ import annotations
@@ -57,31 +57,14 @@ class _State:
         self.model = model
         #: waits for the device's work before the set goes (None on the CPU, where it is done)
         self.device_sync: Optional[Any] = None
-        self.overlays: list[Optional[Overlay]] = []
         self.set: Optional[OverlaySet] = None
-        self.retired: list[tuple[OverlaySet, Optional[Any]]] = []
-
-    def reap(self, wait: bool) -> None:
-        keep = []
-        for s, event in self.retired:
-            if event is not None and not wait and not event.query():
-                keep.append((s, event))
-                continue
-            if event is not None:
-                event.synchronize()
-            s.close()
-        self.retired = keep
 
     def close(self) -> None:
-        self.reap(wait=True)
-        if self.set is not None and self.set.fixed and self.device_sync is not None:
+        if self.set is not None and self.device_sync is not None:
             self.device_sync()  # the set's tables and overlays may still be read by enqueued work
         if self.set is not None:
             self.set.close()
             self.set = None
-        for ov in self.overlays:
-            if ov is not None:
-                ov.close()
         self.model.close()
         self.backend.close()
 
@@ -147,21 +130,23 @@ class AdapterPool:
         if device.type == "cuda":
             self._state.device_sync = functools.partial(torch.cuda.synchronize, device)
         self._finalizer = weakref.finalize(self, self._state.close)
-        self._state.overlays = [None] * max_loras
         self._slots: list[Optional[SlotInfo]] = [None] * max_loras
-        #: increases at every swap of the overlay set (graphs captured before must be captured again)
-        self.generation = 0
         if capacity < 1:
+            self._finalizer()
             raise invalid(f"AdapterPool: capacity {capacity} must be >= 1")
-        #: the most embedding rows and lm_head cells one slot holds (a fixed-shape set's capacity)
+        #: the most embedding rows and lm_head cells one slot holds (a fixed-shape set's capacity;
+        #: under tensor parallelism an adapter's whole lm_head counts, so every rank takes it alike)
         self.capacity = capacity
-        #: whether the pool serves one fixed-shape set (always, except under tensor parallelism)
-        self.fixed = self.tp[1] == 1
+        #: the pool serves one fixed-shape set for its whole life (a rank's shard set under `tp`)
+        self.fixed = True
+        # The rank's shard set under tensor parallelism (its embed op is the unsharded one); on a
+        # padding-only rank, and without tp, the unsharded set.
+        shard = self.shard_range if self.tp[1] > 1 and self._has_lmhead_shard else None
         try:
-            self._state.set = (OverlaySet.with_shape(backend, max_loras=max_loras, vocab=model.info.vocab,
-                                                     hidden=model.info.hidden, tied=model.info.tied,
-                                                     embed_capacity=capacity, lmhead_capacity=capacity)
-                               if self.fixed else self._build_set(self._state.overlays))
+            self._state.set = OverlaySet.with_shape(backend, max_loras=max_loras, vocab=model.info.vocab,
+                                                    hidden=model.info.hidden, tied=model.info.tied,
+                                                    embed_capacity=capacity, lmhead_capacity=capacity,
+                                                    vocab_range=shard)
         except BaseException:
             self._finalizer()
             raise
@@ -177,40 +162,15 @@ class AdapterPool:
             return _CU_STREAM_LEGACY if self.backend.name == "cuda" else None
         return raw
 
-    def _build_set(self, overlays: list[Optional[Overlay]]) -> OverlaySet:
-        # The one place a set is built: the rank's shard set under tensor parallelism
-        # (its embed op is the unsharded one), else (and on a padding-only rank) the full set.
-        shard = self.shard_range if self.tp[1] > 1 and self._has_lmhead_shard else None
-        return OverlaySet(self.backend, overlays, tied=self.model.info.tied, max_loras=self.max_loras,
-                          vocab_range=shard)
-
     def _swap(self, slot: int, overlay: Optional[Overlay], info: Optional[SlotInfo],
               stream: Optional[Any]) -> None:
-        st = self._state
-        if self.fixed:
-            s = self.overlay_set
-            if overlay is None:
-                s.unload(slot, self._raw_stream(stream))
-            else:
-                s.load(slot, overlay, self._raw_stream(stream))
-                overlay.close()  # the set holds its own reference
-            self._slots[slot] = info
-            return
-        overlays = list(st.overlays)
-        overlays[slot] = overlay
-        new_set = self._build_set(overlays)
-        old_set, old_overlay = st.set, st.overlays[slot]
-        st.set, st.overlays, self._slots[slot] = new_set, overlays, info
-        self.generation += 1
-        if old_overlay is not None:
-            old_overlay.close()  # the old set holds its own reference
-        if old_set is not None:
-            event = None
-            if self.device.type == "cuda":
-                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                event.record(stream if stream is not None else torch.cuda.current_stream(self.device))
-            st.retired.append((old_set, event))
-        st.reap(wait=False)
+        s = self.overlay_set
+        if overlay is None:
+            s.unload(slot, self._raw_stream(stream))
+        else:
+            s.load(slot, overlay, self._raw_stream(stream))
+            overlay.close()  # the set holds its own reference
+        self._slots[slot] = info
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_loras:
@@ -222,7 +182,8 @@ class AdapterPool:
 
     @property
     def overlay_set(self) -> OverlaySet:
-        """The current set (its `handle` is what torch.ops.tovl.* take as set_handle)."""
+        """The pool's one set, for its whole life (its `handle` is what torch.ops.tovl.* take as
+        set_handle)."""
         s = self._state.set
         if s is None:
             raise invalid("this AdapterPool is closed")
@@ -232,8 +193,9 @@ class AdapterPool:
     def load(self, slot: int, adapter_dir: PathLike, *, stream: Optional[Any] = None) -> SlotInfo:
         """Load a PEFT or vLLM adapter folder into `slot` (replacing what was there).
 
-        On CUDA the set in use until now is freed once the work enqueued on `stream`
-        (default: the device's current stream) has finished."""
+        The load is ordered on `stream` (default: the device's current stream): work enqueued
+        before it sees the slot's old adapter, work after it the new one; the old adapter is freed
+        once the stream has passed the swap (reap)."""
         self._check_slot(slot)
         with Adapter(adapter_dir) as adapter, AdapterRows(self.backend, adapter, self.model) as rows:
             overlay = Overlay.from_resolved(self.backend, rows)
@@ -266,12 +228,10 @@ class AdapterPool:
         return list(self._slots)
 
     def reap(self) -> None:
-        """Free the replaced adapters (or, under tensor parallelism, sets) whose work has finished;
-        load, unload and close do it too."""
+        """Free the replaced adapters whose work has finished; load, unload and close do it too."""
         s = self._state.set
-        if s is not None and s.fixed:
+        if s is not None:
             s.collect()
-        self._state.reap(wait=False)
 
     # -- forward ----------------------------------------------------------------
     def embed_(self, hidden: torch.Tensor, token_ids: torch.Tensor, slots: SlotsArg) -> torch.Tensor:
@@ -291,7 +251,7 @@ class AdapterPool:
 
     # -- lifetime ---------------------------------------------------------------
     def close(self) -> None:
-        """Wait for the replaced sets' work, then free every set, overlay, the model and the backend."""
+        """Wait for the device's work, then free the set, its adapters, the model and the backend."""
         self._finalizer()
 
     def __enter__(self) -> "AdapterPool":
