@@ -23,7 +23,9 @@
  * the padded vocab, tovl_vocab_shard_range). At each batch size the shards'
  * lm_head outputs, concatenated, are checked against the unsharded set's bit
  * for bit (bf16 and f32 logits), then each rank's lm_head kernel is timed on
- * its own logits shard [T, shard width], beside the unsharded one.
+ * its own logits shard [T, shard width], beside the unsharded one. The same
+ * for N fixed-shape shard sets (tovl_token_overlay_set_create_shard, capacity
+ * --rows, every slot loaded), beside today's shard sets.
  *
  * --capacity C[,C...] (issue 40): also fixed-shape sets of those lm_head and
  * embed capacities holding the same overlays (--rows a slot, default 64). At
@@ -112,8 +114,8 @@ typedef struct bench_run {
     void *ctx;
     tovl_overlay_kernels k;
     uint64_t rng;
-    /* rowdiff, the floor, then per size the 3 hooks and 2 per shard */
-    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 2 * BENCH_MAX_TP + 3 * BENCH_MAX_CAPS) * BENCH_MAX_SIZES];
+    /* rowdiff, the floor, then per size the 3 hooks, 2 per shard of each kind */
+    bench_row rows[1 + BENCH_FLOOR_ROWS + (3 + 4 * BENCH_MAX_TP + 3 * BENCH_MAX_CAPS) * BENCH_MAX_SIZES];
     uint32_t cap_checked; /* --capacity: batch sizes x capacities whose outputs matched from_slots */
     bench_load loads[BENCH_MAX_CAPS];
     size_t n_rows;
@@ -377,46 +379,55 @@ static tovl_status check_shards(bench_run *run, const tovl_token_overlay_set *se
     free(got);
     if (st == TOVL_OK) {
         run->tp_checked++;
-        fprintf(stderr, "bench: --tp %u at T = %u, %s logits: the shards concatenated equal the unsharded set\n",
-                o->tp, T, f32 ? "f32" : "bf16");
+        fprintf(stderr, "bench: --tp %u at T = %u, %s logits: the %s shards concatenated equal the unsharded set\n",
+                o->tp, T, f32 ? "f32" : "bf16",
+                shards[0] && tovl_token_overlay_set_is_fixed(shards[0]) ? "fixed-shape" : "from_slots");
     }
     return st;
 }
 
-/* --tp: check the shards at this batch size, then time each rank's lm_head
- * kernels on its own logits shard. */
+/* --tp: check the shards of each kind (from_slots_shard, then the fixed-shape
+ * shard sets) at this batch size, then time each rank's lm_head kernels on
+ * its own logits shard; a fixed-shape shard's rows carry its capacity. */
 static tovl_status bench_shards_at(bench_run *run, const tovl_token_overlay_set *set,
-                                   tovl_token_overlay_set *const *shards, uint32_t T, uint32_t live,
-                                   tovl_devptr hidden, tovl_devptr slots) {
+                                   tovl_token_overlay_set *const *shards, tovl_token_overlay_set *const *fixed_shards,
+                                   uint32_t T, uint32_t live, tovl_devptr hidden, tovl_devptr slots) {
     const bench_options *o = run->opt;
     tovl_status st = TOVL_OK;
-    for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
-        st = check_shards(run, set, shards, T, f32, hidden, slots);
-    }
-    for (uint32_t r = 0; r < o->tp && st == TOVL_OK; r++) {
-        const uint32_t max_n = tovl_token_overlay_set_max_n_override(shards[r]);
-        if (!shards[r] || max_n == 0) {
-            continue; /* no cell in this shard: the hook does not launch */
-        }
-        uint32_t start, end;
-        tovl_token_overlay_set_shard_range(shards[r], &start, &end);
-        const uint32_t width = end - start;
-        tovl_devptr logits = 0;
-        st = tovl_alloc(run->be, (size_t)T * width * 4, &logits);
-        if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, 0x3F80BF80u, (size_t)T * width * 4);
-        const tovl_overlay_tables tab = tovl_token_overlay_set_tables(shards[r]);
-        const double lm_cells = (double)live * max_n, lm_in = 2.0 * (T + (double)o->slots * max_n) * (double)o->h;
-        char label[48];
-        snprintf(label, sizeof label, "T=%u tp %u rank %u", T, o->tp, r);
+    for (int kind = 0; kind < 2 && st == TOVL_OK; kind++) {
+        tovl_token_overlay_set *const *of = kind ? fixed_shards : shards;
         for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
-            tovl_lmhead_overlay_args l = {logits, hidden, slots, tab.lmhead_rows_table, tab.lmhead_ids_table,
-                                          tab.n_override_table, width, T, o->h, width, o->slots, -1, max_n};
-            st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
-                          f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label,
-                          (uint32_t[3]){T, max_n, 1}, &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2),
-                          lm_cells * (double)o->h, T, (int32_t)r);
+            st = check_shards(run, set, of, T, f32, hidden, slots);
         }
-        tovl_free(run->be, logits);
+        for (uint32_t r = 0; r < o->tp && st == TOVL_OK; r++) {
+            const uint32_t max_n = tovl_token_overlay_set_max_n_override(of[r]);
+            if (!of[r] || max_n == 0) {
+                continue; /* no cell in this shard: the hook does not launch */
+            }
+            uint32_t start, end;
+            tovl_token_overlay_set_shard_range(of[r], &start, &end);
+            const uint32_t width = end - start, grid_y = tovl_token_overlay_set_lmhead_grid_y(of[r]);
+            tovl_devptr logits = 0;
+            st = tovl_alloc(run->be, (size_t)T * width * 4, &logits);
+            if (st == TOVL_OK) st = tovl_fill_u32(run->be, logits, 0x3F80BF80u, (size_t)T * width * 4);
+            const tovl_overlay_tables tab = tovl_token_overlay_set_tables(of[r]);
+            const double lm_cells = (double)live * max_n,
+                         lm_in = 2.0 * (T + (double)o->slots * max_n) * (double)o->h;
+            char label[48];
+            snprintf(label, sizeof label, "T=%u tp %u rank %u%s", T, o->tp, r, kind ? " fixed" : "");
+            for (int f32 = 0; f32 < 2 && st == TOVL_OK; f32++) {
+                tovl_lmhead_overlay_args l = {logits, hidden, slots, tab.lmhead_rows_table, tab.lmhead_ids_table,
+                                              tab.n_override_table, width, T, o->h, width, o->slots, -1, max_n};
+                st = time_one(run, f32 ? TOVL_KERNEL_LMHEAD_OVERLAY_F32 : TOVL_KERNEL_LMHEAD_OVERLAY_BF16,
+                              f32 ? run->k.lmhead_overlay_f32 : run->k.lmhead_overlay_bf16, label,
+                              (uint32_t[3]){T, grid_y, 1}, &l, sizeof l, lm_in + lm_cells * (f32 ? 4 : 2),
+                              lm_cells * (double)o->h, T, (int32_t)r);
+                if (st == TOVL_OK && kind) {
+                    run->rows[run->n_rows - 1].capacity = max_n;
+                }
+            }
+            tovl_free(run->be, logits);
+        }
     }
     return st;
 }
@@ -703,7 +714,8 @@ static tovl_status time_loads(bench_run *run, tovl_token_overlay_set *fixed, tov
 
 /* Both hooks' kernels over one batch of T rows. */
 static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, tovl_token_overlay_set *const *shards,
-                                  tovl_token_overlay_set *const *fixed, const uint32_t *embed_ids, uint32_t T) {
+                                  tovl_token_overlay_set *const *fixed_shards, tovl_token_overlay_set *const *fixed,
+                                  const uint32_t *embed_ids, uint32_t T) {
     const bench_options *o = run->opt;
     const size_t h = o->h, ld = o->vocab;
     uint32_t *ids = malloc(T * sizeof *ids);
@@ -747,7 +759,7 @@ static tovl_status bench_hooks_at(bench_run *run, tovl_token_overlay_set *set, t
         if (st == TOVL_OK) st = dump_cells(run, logits, T, slots, set, f32);
     }
     if (st == TOVL_OK && o->tp > 1) {
-        st = bench_shards_at(run, set, shards, T, live, final_hidden, d_slots);
+        st = bench_shards_at(run, set, shards, fixed_shards, T, live, final_hidden, d_slots);
     }
     for (uint32_t c = 0; c < o->n_caps && st == TOVL_OK; c++) {
         st = bench_fixed_at(run, set, fixed[c], T, hits, live, (tovl_devptr[4]){d_ids, d_slots, hidden, final_hidden},
@@ -807,7 +819,7 @@ static tovl_status bench_hooks(bench_run *run) {
     const bench_options *o = run->opt;
     uint32_t *embed_ids = malloc((size_t)o->slots * o->rows_per_slot * sizeof *embed_ids);
     tovl_embed_overlay **slots = calloc(o->slots, sizeof *slots);
-    tovl_token_overlay_set *set = NULL, *shards[BENCH_MAX_TP] = {NULL};
+    tovl_token_overlay_set *set = NULL, *shards[BENCH_MAX_TP] = {NULL}, *fixed_shards[BENCH_MAX_TP] = {NULL};
     tovl_status st = embed_ids && slots ? TOVL_OK : tovl_error(TOVL_ERR_OUT_OF_MEMORY, "bench: out of host memory");
     if (st == TOVL_OK) st = build_set(run, embed_ids, slots, &set);
     for (uint32_t r = 0; st == TOVL_OK && o->tp > 1 && r < o->tp; r++) {
@@ -815,6 +827,14 @@ static tovl_status bench_hooks(bench_run *run) {
         st = tovl_vocab_shard_range(o->vocab, o->tp, r, 0, &start, &end);
         if (st == TOVL_OK && start < o->vocab) { /* else padding only: no cell, no set */
             st = tovl_token_overlay_set_from_slots_shard(run->be, slots, o->slots, false, start, end, &shards[r]);
+        }
+        /* The fixed-shape shard set holding the same pool, capacity --rows. */
+        const tovl_set_shape shape = {o->slots, o->vocab, o->h, false, o->rows_per_slot, o->rows_per_slot};
+        if (st == TOVL_OK && start < o->vocab) {
+            st = tovl_token_overlay_set_create_shard(run->be, &shape, start, end, &fixed_shards[r]);
+        }
+        for (uint32_t s = 0; st == TOVL_OK && fixed_shards[r] && s < o->slots; s++) {
+            st = tovl_token_overlay_set_load(fixed_shards[r], s, slots[s], NULL);
         }
     }
     tovl_token_overlay_set *fixed[BENCH_MAX_CAPS] = {NULL};
@@ -828,7 +848,7 @@ static tovl_status bench_hooks(bench_run *run) {
     if (st == TOVL_OK) st = bench_floor(run, set);
     if (st == TOVL_OK) st = dump_set(run, set);
     for (uint32_t i = 0; i < o->n_tokens && st == TOVL_OK; i++) {
-        st = bench_hooks_at(run, set, shards, fixed, embed_ids, o->tokens[i]);
+        st = bench_hooks_at(run, set, shards, fixed_shards, fixed, embed_ids, o->tokens[i]);
     }
     for (uint32_t c = 0; st == TOVL_OK && c < o->n_caps && o->slots > 1; c++) {
         st = time_loads(run, fixed[c], slots, &run->loads[c]);
@@ -838,6 +858,7 @@ static tovl_status bench_hooks(bench_run *run) {
     }
     for (uint32_t r = 0; r < BENCH_MAX_TP; r++) {
         tovl_token_overlay_set_destroy(shards[r]);
+        tovl_token_overlay_set_destroy(fixed_shards[r]);
     }
     tovl_token_overlay_set_destroy(set);
     for (uint32_t s = 0; slots && s < o->slots; s++) {
@@ -856,32 +877,48 @@ static double gbps_of(const bench_row *r) {
 }
 
 /* --tp: per batch size and lm_head kernel, the unsharded graph time beside
- * the slowest and the mean shard (the ranks run at once on their own GPUs,
- * so the slowest is what a step waits for). */
+ * the slowest and the mean shard of each kind (the ranks run at once on their
+ * own GPUs, so the slowest is what a step waits for), and the fixed-shape
+ * shards' slowest over today's. */
+static void shard_times(const bench_run *run, const bench_row *u, bool fixed, double *slowest, double *mean,
+                        uint32_t *n) {
+    double sum = 0;
+    *slowest = *mean = 0;
+    *n = 0;
+    for (size_t j = 0; j < run->n_rows; j++) {
+        const bench_row *r = &run->rows[j];
+        if (r->rank >= 0 && (r->capacity > 0) == fixed && r->T == u->T && strcmp(r->kernel, u->kernel) == 0) {
+            *slowest = r->timing.batched_us > *slowest ? r->timing.batched_us : *slowest;
+            sum += r->timing.batched_us;
+            (*n)++;
+        }
+    }
+    *mean = *n ? sum / *n : 0;
+}
+
 static void print_tp_summary(const bench_run *run) {
     if (run->opt->tp < 2) {
         return;
     }
-    printf("\n--tp %u: the shards' outputs concatenated equal the unsharded set (%u checks)\n", run->opt->tp,
-           run->tp_checked);
+    printf("\n--tp %u: the shards' outputs concatenated equal the unsharded set (%u checks; from_slots and "
+           "fixed-shape shard sets)\n",
+           run->opt->tp, run->tp_checked);
     for (size_t i = 0; i < run->n_rows; i++) {
         const bench_row *u = &run->rows[i];
-        if (u->rank >= 0 || strncmp(u->kernel, "lmhead", 6) != 0) {
+        if (u->rank >= 0 || u->capacity > 0 || strncmp(u->kernel, "lmhead", 6) != 0) {
             continue;
         }
-        double slowest = 0, sum = 0;
-        uint32_t n = 0;
-        for (size_t j = 0; j < run->n_rows; j++) {
-            const bench_row *r = &run->rows[j];
-            if (r->rank >= 0 && r->T == u->T && strcmp(r->kernel, u->kernel) == 0) {
-                slowest = r->timing.batched_us > slowest ? r->timing.batched_us : slowest;
-                sum += r->timing.batched_us;
-                n++;
-            }
-        }
+        double slowest, mean, fslowest, fmean;
+        uint32_t n, fn;
+        shard_times(run, u, false, &slowest, &mean, &n);
+        shard_times(run, u, true, &fslowest, &fmean, &fn);
         if (n > 0) {
             printf("%-20s T=%-6u unsharded %9.2f us; %u shards: slowest %9.2f us (%.2f of unsharded), mean %9.2f us\n",
-                   u->kernel, u->T, u->timing.batched_us, n, slowest, slowest / u->timing.batched_us, sum / n);
+                   u->kernel, u->T, u->timing.batched_us, n, slowest, slowest / u->timing.batched_us, mean);
+        }
+        if (fn > 0 && n > 0) {
+            printf("%-20s T=%-6u fixed-shape shards: slowest %9.2f us (%.3fx the from_slots shards'), mean %9.2f us\n",
+                   u->kernel, u->T, fslowest, fslowest / slowest, fmean);
         }
     }
 }
@@ -898,7 +935,7 @@ static void print_fixed_summary(const bench_run *run) {
     printf("%-22s %6s %12s %8s %12s %8s\n", "kernel", "T", "from_slots", "cap", "fixed us", "ratio");
     for (size_t i = 0; i < run->n_rows; i++) {
         const bench_row *f = &run->rows[i];
-        if (f->capacity == 0) {
+        if (f->capacity == 0 || f->rank >= 0) {
             continue;
         }
         for (size_t j = 0; j < run->n_rows; j++) {
