@@ -8,6 +8,7 @@
 #include <vulkan/vulkan_core.h>
 
 #include <criterion/criterion.h>
+#include <criterion/parameterized.h>
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -846,6 +847,69 @@ Test(vulkan, slots_capacity_160_tiles, .timeout = 600) {
     setenv("TOVL_VULKAN_LMHEAD", "tile", 1);
     slots_recorded(false, 100, 160, "vulkan_slots_tiles_160");
     unsetenv("TOVL_VULKAN_LMHEAD");
+}
+
+/* write_async of more than vkCmdUpdateBuffer's 65536 bytes (a shard set's
+ * ids at a large capacity): several updates, all of them landing, nothing past. */
+Test(vulkan, a_write_async_past_65536_bytes_lands_whole) {
+    tovl_backend *be = open_vulkan();
+    enum { WORDS = 3 * 16384 + 77, PAD = 16 };
+    tu_rng r = tu_rng_for("vulkan_write_async_long");
+    uint32_t *src = malloc(sizeof(uint32_t) * WORDS), *back = malloc(sizeof(uint32_t) * (WORDS + PAD));
+    uint32_t pad[PAD];
+    cr_assert(src && back);
+    for (uint32_t i = 0; i < WORDS; i++) {
+        src[i] = (uint32_t)tu_next(&r);
+    }
+    for (uint32_t i = 0; i < PAD; i++) {
+        pad[i] = 0xC0FFEE00u + i;
+    }
+    tovl_devptr d = 0;
+    cr_assert_eq(tovl_alloc(be, sizeof(uint32_t) * (WORDS + PAD), &d), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_upload(be, d + sizeof(uint32_t) * WORDS, pad, sizeof pad), TOVL_OK);
+    const tovl_device_write w = {d, src, sizeof(uint32_t) * WORDS};
+    const tovl_backend_iface *iface = tovl_backend_get_iface(be);
+    cr_assert_not_null(iface->write_async);
+    cr_assert_eq(iface->write_async(tovl_backend_get_context(be), &w, 1, NULL), TOVL_OK, "%s", tovl_last_error());
+    cr_assert_eq(tovl_synchronize(be, NULL), TOVL_OK);
+    cr_assert_eq(tovl_download(be, back, d, sizeof(uint32_t) * (WORDS + PAD)), TOVL_OK);
+    cr_assert_eq(memcmp(back, src, sizeof(uint32_t) * WORDS), 0, "a part of the long write is missing");
+    cr_assert_eq(memcmp(back + WORDS, pad, sizeof pad), 0, "the long write ran past its end");
+    tovl_free(be, d);
+    free(src);
+    free(back);
+    tovl_backend_close(be);
+}
+
+/* Fixed-shape shard sets: every rank of N = 1 .. 8 recorded once into one
+ * command buffer (with an unsharded fixed-shape set), submitted again after
+ * the same loads on every rank; the vocabularies of test_tp, 84 rounds each
+ * (1008 in all: a round runs 111 hooks, some 10 ms each on lavapipe; the CPU
+ * backend and the CUDA graphs take 1000 a vocabulary), capacity 64 (every
+ * shard edge of every N fits). Its own CTest tests (tests/vulkan.cmake). */
+static const uint32_t shard_vocabs[] = {509, 777, 1000, 1021, 4096, 131};
+static size_t shard_cases[2 * sizeof shard_vocabs / sizeof shard_vocabs[0]];
+
+ParameterizedTestParameters(vulkan_shards, rounds_under_one_recorded_command_buffer) {
+    const size_t n = sizeof shard_cases / sizeof shard_cases[0];
+    for (size_t i = 0; i < n; i++) {
+        shard_cases[i] = i;
+    }
+    return cr_make_param_array(size_t, shard_cases, n);
+}
+ParameterizedTest(size_t *index, vulkan_shards, rounds_under_one_recorded_command_buffer, .timeout = 900) {
+    engine e;
+    tovl_backend *be = wrap_engine(&e);
+    recorded rec = {&e};
+    slots_replayer rp = {.record = recorded_record, .replay = recorded_replay, .load_stream = NULL, .user = &rec};
+    const slots_shard_config cfg = {.rounds = 84, .tied = *index % 2, .vocab = shard_vocabs[*index / 2],
+                                    .capacity = 64};
+    slots_check_shards(be, &rp, &cfg, "vulkan_shards");
+    tovl_backend_close(be);
+    if (e.validation) {
+        cr_expect_eq(e.messages, 0, "vulkan_shards: %u validation messages", e.messages);
+    }
+    engine_close(&e);
 }
 
 /* A load recorded into the engine's own command buffer: the replaced overlay
