@@ -6,7 +6,10 @@ same final hidden rows and patches it with its shard set; the shards are all-gat
 one process with the full set, bit for bit, for tied and untied bases and mixed slots (-1 and out of
 range). Also vLLM's split rule, the padding-only rank, and the shard width check. Where two or more
 CUDA GPUs exist, the same run goes over NCCL with one process per GPU, each serving its shard on
-its own device (test_tp_over_nccl_one_process_per_gpu; scripts/gpu/tp.sh runs it)."""
+its own device (test_tp_over_nccl_one_process_per_gpu; scripts/gpu/tp.sh runs it). The pools serve
+through fixed-shape shard sets: every rank loads and unloads the same slots at the same step between
+calls (CPU) or between replays of one torch.cuda.graph captured per rank (GPU 0), and the gathered
+logits equal one process's after every swap."""
 
 from __future__ import annotations
 
