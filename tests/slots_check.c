@@ -145,12 +145,12 @@ slots_replayer slots_eager_replayer(slots_eager *state) {
 }
 
 /* Adapter i's kind: 0 embed rows only, 1 lm_head rows only, 2 both, 3 embed
- * rows and an explicitly empty lm_head part. Counts 1 .. capacity; adapter 0
- * and 1 hold exactly the capacity. */
-static void adapter_make(adapter *a, int i, uint32_t cap, uint32_t vocab, tu_rng *r) {
+ * rows and an explicitly empty lm_head part. Counts 1 .. most (the capacity,
+ * or the config's few_rows); adapter 0 and 1 hold exactly the capacity. */
+static void adapter_make(adapter *a, int i, uint32_t cap, uint32_t most, uint32_t vocab, tu_rng *r) {
     const int kind = i % 4;
     a->vocab = vocab;
-    const uint32_t n1 = i < 2 ? cap : 1 + tu_below(r, cap), n2 = i < 2 ? cap : 1 + tu_below(r, cap);
+    const uint32_t n1 = i < 2 ? cap : 1 + tu_below(r, most), n2 = i < 2 ? cap : 1 + tu_below(r, most);
     a->ne = kind == 1 ? 0 : n1;
     a->has_lm = kind != 0;
     a->nl = kind == 1 || kind == 2 ? n2 : 0;
@@ -267,7 +267,7 @@ void slots_check_rounds(tovl_backend *be, const slots_replayer *rp, const slots_
     adapter pool[POOL];
     memset(pool, 0, sizeof pool);
     for (int i = 0; i < POOL; i++) {
-        adapter_make(&pool[i], i, cfg->capacity, V, &r);
+        adapter_make(&pool[i], i, cfg->capacity, cfg->few_rows ? cfg->few_rows : cfg->capacity, V, &r);
         pool[i].on_target = adapter_build(be, &pool[i], cfg->tied);
         pool[i].on_cpu = adapter_build(cpu, &pool[i], cfg->tied);
     }
@@ -292,9 +292,14 @@ void slots_check_rounds(tovl_backend *be, const slots_replayer *rp, const slots_
     rp->record(rp->user, &hk); /* while every slot is empty */
 
     int current[L] = {-1, -1, -1, -1};
-    uint32_t changed_rounds = 0;
+    uint32_t changed_rounds = 0, few_rounds = 0;
     for (uint32_t round = 0; round < cfg->rounds; round++) {
         random_ops(&r, &set, 1, pool, current, rp->load_stream, tag, round);
+        bool few = true; /* no slot holds adapter 0 or 1, the only ones past few_rows */
+        for (int s = 0; s < L; s++) {
+            few = few && current[s] != 0 && current[s] != 1;
+        }
+        few_rounds += few;
         bufs_reset(&tb, h);
         rp->replay(rp->user);
         bufs_read(&tb, h, got, tag, round);
@@ -308,6 +313,12 @@ void slots_check_rounds(tovl_backend *be, const slots_replayer *rp, const slots_
     }
     cr_expect_gt(changed_rounds, cfg->rounds / 2, "%s: only %u of %u replays patched anything", tag, changed_rounds,
                  cfg->rounds);
+    if (cfg->few_rows) {
+        cr_expect(few_rounds > 0 && few_rounds < cfg->rounds, "%s: %u of %u rounds with at most %u rows a slot", tag,
+                  few_rounds, cfg->rounds, cfg->few_rows);
+        fprintf(stderr, "%s: %u of %u rounds with at most %u rows a slot, the others with %u\n", tag, few_rounds,
+                cfg->rounds, cfg->few_rows, cfg->capacity);
+    }
     fprintf(stderr, "%s: %u rounds, tied %d, capacity %u: every replay equal to the CPU reference\n", tag,
             cfg->rounds, cfg->tied, cfg->capacity);
 

@@ -56,6 +56,11 @@ typedef struct slots_config {
     uint32_t rounds;
     bool tied;
     uint32_t capacity; /* embed and lm_head capacity of each slot */
+    /* 0, or: adapters past the first two hold 1 .. few_rows rows each, so that
+     * the most rows a slot holds crosses few_rows from round to round (the
+     * CUDA port's gated pair, backends/cuda/launch_shape.h); the check then
+     * expects rounds on both sides. */
+    uint32_t few_rows;
 } slots_config;
 
 /* The check above on `be`; `tag` names it in messages. */

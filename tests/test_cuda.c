@@ -137,7 +137,8 @@ static void expect_grid_of(const char *what, const tovl_cuda_launch *l, tovl_cud
     cr_expect(l->grid[0] == x && l->grid[1] == y && l->grid[2] == z, "%s: grid %u x %u x %u, expected %u x %u x %u",
               what, l->grid[0], l->grid[1], l->grid[2], x, y, z);
     const bool row = variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2 ||
-                     variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q;
+                     variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q ||
+                     variant == TOVL_CUDA_VARIANT_ROW4Q_FEW;
     cr_expect_eq(l->block[0] * l->block[1] * l->block[2], row ? 128 : 256, "%s: block size", what);
 }
 #define expect_grid(l, variant, x, y, z) expect_grid_of(#variant, l, variant, x, y, z)
@@ -199,7 +200,9 @@ Test(cuda_geometry, lmhead_shaped_rows_of_a_fixed_set) {
         {1, TOVL_CUDA_VARIANT_ROW4, 1, 128},    /* 128 blocks: the whole capacity */
         {8, TOVL_CUDA_VARIANT_ROW4, 8, 66},     /* 528 / 8 */
         {64, TOVL_CUDA_VARIANT_ROW4Q, 64, 16},  /* 528 / 64 < the 16 of 64 rows */
-        {512, TOVL_CUDA_VARIANT_PLAIN, 72, 4}, /* as for 64 rows */
+        {512, TOVL_CUDA_VARIANT_PLAIN_MANY, 72, 4}, /* as for 64 rows, gated: row4q_few (512 x 1) first */
+        {1024, TOVL_CUDA_VARIANT_PLAIN_MANY, 136, 4}, /* F = 6336 / 1024 = 6: 4 rows */
+        {1600, TOVL_CUDA_VARIANT_PLAIN, 208, 4},      /* F = 3: no slot of few rows takes row4q */
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         a.T = want[i].T;
@@ -209,7 +212,17 @@ Test(cuda_geometry, lmhead_shaped_rows_of_a_fixed_set) {
         char what[32];
         snprintf(what, sizeof what, "T = %u, capacity 256", a.T);
         expect_grid_of(what, &l, want[i].variant, want[i].x, want[i].y, 1);
+        const bool paired = want[i].variant == TOVL_CUDA_VARIANT_PLAIN_MANY;
+        cr_expect(paired ? l.few_grid[0] == a.T && l.few_grid[1] == 1 && l.few_grid[2] == 1 : l.few_grid[0] == 0,
+                  "%s: row4q_few %u x %u x %u", what, l.few_grid[0], l.few_grid[1], l.few_grid[2]);
     }
+    /* The same batch from a from_slots set of 4 rows a slot (its launch
+     * shaped for what it holds): row4q alone, no pair. */
+    tovl_lmhead_overlay_args b = {.T = 512, .h = 4096, .max_loras = 8, .max_n = 4};
+    tovl_cuda_launch l;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){512, 4, 1}, &b, &h200, &l), TOVL_OK);
+    expect_grid(&l, TOVL_CUDA_VARIANT_ROW4Q, 512, 1, 1);
+    cr_expect_eq(l.few_grid[0], 0);
 }
 
 Test(cuda_geometry, lmhead_variant_and_blocks) {

@@ -221,13 +221,19 @@ Test(cuda_emu, lmhead_reads_the_embed_hooks_output, .timeout = 900) {
  * two adapters that fill it: on 132 SMs row4q's widened grid loops over the
  * columns past it; on one SM the tiles loop over theirs, and their blocks
  * past every slot's rows leave before the pick. */
-static void slots_on(uint32_t sms, int lmhead, bool tied, uint32_t rounds, uint32_t capacity, const char *salt) {
+static void slots_few_on(uint32_t sms, int lmhead, bool tied, uint32_t rounds, uint32_t capacity, uint32_t few_rows,
+                         const char *salt) {
     const tovl_cuda_device_shape shape = {.sm_count = sms};
     tovl_backend *be = open_emu(&shape, lmhead, salt);
     slots_eager e = {.be = be};
     slots_replayer rp = slots_eager_replayer(&e);
-    slots_check_rounds(be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = capacity}, salt);
+    slots_check_rounds(
+        be, &rp, &(slots_config){.rounds = rounds, .tied = tied, .capacity = capacity, .few_rows = few_rows}, salt);
     tovl_backend_close(be);
+}
+
+static void slots_on(uint32_t sms, int lmhead, bool tied, uint32_t rounds, uint32_t capacity, const char *salt) {
+    slots_few_on(sms, lmhead, tied, rounds, capacity, 0, salt);
 }
 
 Test(cuda_emu, slots_in_place_as_chosen, .timeout = 900) {
@@ -244,4 +250,22 @@ Test(cuda_emu, slots_past_the_shaped_rows_rows, .timeout = 900) {
 
 Test(cuda_emu, slots_past_the_shaped_rows_tiles, .timeout = 900) {
     slots_on(1, -1, true, 40, 160, "cuda_emu_slots_shaped_tiles");
+}
+
+/* The gated pair (backends/cuda/launch_shape.h): on 8 SMs the slots check's
+ * T = 24 shaped for 64 rows takes the large tiles, and F = 48 x 8 / 24 = 16,
+ * so a capacity of 160 launches row4q_few (24 x 1 blocks, looping over the
+ * columns) before the tiles' _many. Most adapters hold at most 16 rows, two
+ * hold 160: from round to round the live rows choose one or the other, and
+ * every replay must equal the CPU reference. */
+Test(cuda_emu, slots_gated_pair, .timeout = 900) {
+    tovl_lmhead_overlay_args a = {.T = 24, .h = 64, .max_loras = 4, .max_n = 160};
+    tovl_cuda_launch l;
+    cr_assert_eq(tovl_cuda_native_launch(TOVL_CUDA_LMHEAD_BF16, (uint32_t[3]){24, 64, 1}, &a,
+                                         &(tovl_cuda_device_shape){.sm_count = 8}, &l),
+                 TOVL_OK, "%s", tovl_last_error());
+    cr_assert(l.variant == TOVL_CUDA_VARIANT_PLAIN_MANY && l.few_grid[0] == 24 && l.few_grid[1] == 1,
+              "the pair: %s, row4q_few %u x %u", tovl_cuda_variant_names[l.variant], l.few_grid[0], l.few_grid[1]);
+    slots_few_on(8, -1, false, 60, 160, 16, "cuda_emu_slots_gated_untied");
+    slots_few_on(8, -1, true, 60, 160, 16, "cuda_emu_slots_gated_tied");
 }

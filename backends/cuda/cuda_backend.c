@@ -37,6 +37,11 @@ typedef struct cuda_kernel {
     tovl_cuda_foreign_shapes shapes; /* another port's module: its launch convention */
 } cuda_kernel;
 
+/* TOVL_CUDA_GATED_PAIR (a measurement knob, docs/PERFORMANCE.md): the gated
+ * pair of launch_shape.h as row4q_few then the tiles (1, the default), the
+ * tiles then row4q_few ("after"), or the tiles alone, ungated (0). */
+typedef enum gated_pair { PAIR_FEW_FIRST, PAIR_FEW_AFTER, PAIR_OFF } gated_pair;
+
 typedef struct cuda_ctx {
     tovl_cuda_driver drv;
     CUdevice device;
@@ -47,6 +52,7 @@ typedef struct cuda_ctx {
     bool native; /* the module is this port's: launch_shape.h applies */
     bool waits;  /* its kernels wait for the kernel before them (this port's, or tovl_cuda_dependent_launch) */
     bool pdl;    /* launch with programmatic stream serialization */
+    gated_pair pair; /* how a fixed-shape set's gated pair is launched (TOVL_CUDA_GATED_PAIR) */
     int cc_major;
     cuda_kernel kernels[TOVL_CUDA_KERNEL_COUNT];
     tovl_cuda_device_shape shape;
@@ -257,6 +263,22 @@ static tovl_kernel cuda_try_kernel(void *ctx, const char *name) {
     return k >= 0 && c->kernels[k].fn[TOVL_CUDA_VARIANT_PLAIN] ? (tovl_kernel)k + 1 : 0;
 }
 
+/* One launch of kernel k's function `dims->variant`, in the backend's context. */
+static tovl_status launch_one(cuda_ctx *c, tovl_cuda_kernel_id k, const tovl_cuda_launch *dims, const void *args,
+                              void *stream) {
+    void *params[] = {(void *)args};
+    CUfunction fn = c->kernels[k].fn[dims->variant];
+    CUresult r =
+        tovl_cuda_launch_kernel(&c->drv, fn, dims->grid, dims->block, stream_or_own(c, stream), params, c->pdl);
+    if (r != CUDA_SUCCESS) {
+        return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: %s(%s, grid %u x %u, block %u)",
+                              c->pdl ? "cuLaunchKernelEx" : "cuLaunchKernel",
+                              c->native ? tovl_cuda_function_names[k][dims->variant] : tovl_cuda_kernel_names[k],
+                              dims->grid[0], dims->grid[1], dims->block[0] * dims->block[1]);
+    }
+    return TOVL_OK;
+}
+
 static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t grid[3], const void *args,
                                size_t args_size, void *stream) {
     cuda_ctx *c = ctx;
@@ -282,23 +304,33 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }
+    tovl_cuda_launch few;
+    memset(&few, 0, sizeof few);
+    if (dims.few_grid[0]) { /* the gated pair (launch_shape.h) */
+        if (c->pair == PAIR_OFF) {
+            dims.variant = tovl_cuda_ungated_variant(dims.variant);
+        } else {
+            memcpy(few.grid, dims.few_grid, sizeof few.grid);
+            few.block[0] = TOVL_CUDA_LMHEAD_ROW4_THREADS;
+            few.block[1] = few.block[2] = 1;
+            few.variant = TOVL_CUDA_VARIANT_ROW4Q_FEW;
+        }
+    }
     bool pushed;
     st = ctx_enter(c, &pushed);
     if (st != TOVL_OK) {
         return st;
     }
-    void *params[] = {(void *)args};
-    CUfunction fn = c->kernels[k].fn[dims.variant];
-    CUresult r =
-        tovl_cuda_launch_kernel(&c->drv, fn, dims.grid, dims.block, stream_or_own(c, stream), params, c->pdl);
-    ctx_leave(c, pushed);
-    if (r != CUDA_SUCCESS) {
-        return tovl_cuda_fail(&c->drv, TOVL_ERR_LAUNCH, r, "cuda: %s(%s, grid %u x %u, block %u)",
-                              c->pdl ? "cuLaunchKernelEx" : "cuLaunchKernel",
-                              c->native ? tovl_cuda_function_names[k][dims.variant] : tovl_cuda_kernel_names[k],
-                              dims.grid[0], dims.grid[1], dims.block[0] * dims.block[1]);
+    const tovl_cuda_launch *order[3] = {&dims};
+    if (few.grid[0]) {
+        order[0] = c->pair == PAIR_FEW_AFTER ? &dims : &few;
+        order[1] = c->pair == PAIR_FEW_AFTER ? &few : &dims;
     }
-    return TOVL_OK;
+    for (size_t i = 0; i < 2 && order[i] && st == TOVL_OK; i++) {
+        st = launch_one(c, k, order[i], args, stream);
+    }
+    ctx_leave(c, pushed);
+    return st;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -707,6 +739,17 @@ static tovl_status check_image(const void *image, size_t size, const char *label
     return TOVL_OK;
 }
 
+static tovl_status gated_pair_wanted(gated_pair *pair) {
+    const char *env = getenv("TOVL_CUDA_GATED_PAIR");
+    *pair = !env || !*env || strcmp(env, "1") == 0 ? PAIR_FEW_FIRST
+            : strcmp(env, "after") == 0          ? PAIR_FEW_AFTER
+            : strcmp(env, "0") == 0              ? PAIR_OFF
+                                                 : (gated_pair)-1;
+    return *pair == (gated_pair)-1
+               ? tovl_error(TOVL_ERR_INVALID_ARGUMENT, "TOVL_CUDA_GATED_PAIR='%s' is not 0, 1 or after", env)
+               : TOVL_OK;
+}
+
 /* TOVL_CUDA_PDL: 0 turns programmatic dependent launch off; 1 or unset
  * leaves it on where the device and the module have it. */
 static tovl_status pdl_wanted(bool *wanted) {
@@ -739,7 +782,11 @@ static tovl_status cuda_create(CUcontext wrap_context, const void *image, size_t
                                tovl_backend **out) {
     *out = NULL;
     bool pdl;
+    gated_pair pair;
     tovl_status st = pdl_wanted(&pdl);
+    if (st == TOVL_OK) {
+        st = gated_pair_wanted(&pair);
+    }
     if (st != TOVL_OK) {
         return st;
     }
@@ -747,6 +794,7 @@ static tovl_status cuda_create(CUcontext wrap_context, const void *image, size_t
     if (!c) {
         return tovl_error(TOVL_ERR_OUT_OF_MEMORY, "cuda: out of host memory");
     }
+    c->pair = pair;
     st = tovl_cuda_driver_load(&c->drv);
     if (st != TOVL_OK) {
         free(c);

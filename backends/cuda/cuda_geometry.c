@@ -10,15 +10,23 @@ const char *const tovl_cuda_kernel_names[TOVL_CUDA_KERNEL_COUNT] = {
     TOVL_KERNEL_ROWDIFF, TOVL_KERNEL_EMBED_OVERLAY, TOVL_KERNEL_LMHEAD_OVERLAY_BF16, TOVL_KERNEL_LMHEAD_OVERLAY_F32};
 
 const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT] = {
-    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL, NULL},
-    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_ROWDIFF, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
+    {TOVL_KERNEL_EMBED_OVERLAY, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL},
     {TOVL_KERNEL_LMHEAD_OVERLAY_BF16, "lmhead_overlay_bf16_small", "lmhead_overlay_bf16_row",
-     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4", "lmhead_overlay_bf16_row4q"},
+     "lmhead_overlay_bf16_row2", "lmhead_overlay_bf16_row4", "lmhead_overlay_bf16_row4q",
+     "lmhead_overlay_bf16_row4q_few", "lmhead_overlay_bf16_small_many", "lmhead_overlay_bf16_many"},
     {TOVL_KERNEL_LMHEAD_OVERLAY_F32, "lmhead_overlay_f32_small", "lmhead_overlay_f32_row", "lmhead_overlay_f32_row2",
-     "lmhead_overlay_f32_row4", "lmhead_overlay_f32_row4q"}};
+     "lmhead_overlay_f32_row4", "lmhead_overlay_f32_row4q", "lmhead_overlay_f32_row4q_few",
+     "lmhead_overlay_f32_small_many", "lmhead_overlay_f32_many"}};
 
-const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {"large tiles", "small tiles", "row", "row2",
-                                                                      "row4",        "row4q"};
+const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT] = {
+    "large tiles", "small tiles", "row", "row2", "row4", "row4q", "row4q few", "small tiles many", "large tiles many"};
+
+tovl_cuda_variant tovl_cuda_ungated_variant(tovl_cuda_variant variant) {
+    return variant == TOVL_CUDA_VARIANT_PLAIN_MANY   ? TOVL_CUDA_VARIANT_PLAIN
+           : variant == TOVL_CUDA_VARIANT_SMALL_MANY ? TOVL_CUDA_VARIANT_SMALL
+                                                     : variant;
+}
 
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
@@ -70,8 +78,9 @@ static void set_dims(tovl_cuda_launch *out, uint32_t gx, uint32_t bx) {
 
 /* Overlay rows a block of `variant` takes in one column of the grid's y. */
 static uint32_t variant_columns(tovl_cuda_variant variant) {
-    return variant == TOVL_CUDA_VARIANT_ROW4    ? TOVL_CUDA_LMHEAD_ROW4_ROWS
-           : variant == TOVL_CUDA_VARIANT_ROW4Q ? TOVL_CUDA_LMHEAD_ROW4Q_ROWS
+    variant = tovl_cuda_ungated_variant(variant);
+    return variant == TOVL_CUDA_VARIANT_ROW4                                                   ? TOVL_CUDA_LMHEAD_ROW4_ROWS
+           : variant == TOVL_CUDA_VARIANT_ROW4Q || variant == TOVL_CUDA_VARIANT_ROW4Q_FEW ? TOVL_CUDA_LMHEAD_ROW4Q_ROWS
            : variant == TOVL_CUDA_VARIANT_ROW2  ? TOVL_CUDA_LMHEAD_ROW2_CELLS
            : variant == TOVL_CUDA_VARIANT_ROW   ? TOVL_CUDA_LMHEAD_ROW_CELLS
            : variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_LMHEAD_SMALL_BN
@@ -88,7 +97,8 @@ tovl_status tovl_cuda_lmhead_shape(tovl_cuda_variant variant, const tovl_lmhead_
         set_dims(out, 0, TOVL_CUDA_LMHEAD_THREADS);
         return TOVL_OK;
     }
-    const bool row4 = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q;
+    const bool row4 = variant == TOVL_CUDA_VARIANT_ROW4 || variant == TOVL_CUDA_VARIANT_ROW4Q ||
+                      variant == TOVL_CUDA_VARIANT_ROW4Q_FEW;
     const bool row = row4 || variant == TOVL_CUDA_VARIANT_ROW || variant == TOVL_CUDA_VARIANT_ROW2;
     if (row) {
         if (a->T > GRID_X_MAX) {
@@ -119,6 +129,36 @@ static tovl_status row_launch(tovl_cuda_variant variant, const tovl_lmhead_overl
     if (budget > out->grid[1]) {
         out->grid[1] = budget < all ? (uint32_t)budget : all;
     }
+    return TOVL_OK;
+}
+
+/* A fixed-shape set (`full` has more rows than the launch is shaped for,
+ * `shaped`) whose tiles `out` would be row4q for a slot of few rows: the
+ * gated pair (launch_shape.h, TOVL_CUDA_LMHEAD_FEW_ROWS). row4q_few's grid is
+ * that of ROW4Q_ROWS rows, widened toward the F rows within the block budget
+ * (row_launch); its blocks loop over the columns past it. A from_slots set
+ * (its launch shaped for its own rows) keeps its one launch: its variant
+ * already follows what it holds. On the H200 at T = 512 with 4 rows a slot,
+ * capacity 256: the tiles alone 11.8 us, row4q (the from_slots set's) 3.5
+ * (docs/PERFORMANCE.md, Fixed-shape sets). */
+static tovl_status gate_for_few_rows(const tovl_lmhead_overlay_args *full, const tovl_lmhead_overlay_args *shaped,
+                                     uint64_t sms, tovl_cuda_launch *out) {
+    if (full->max_n <= shaped->max_n || shaped->T > GRID_X_MAX || out->grid[0] == 0) {
+        return TOVL_OK;
+    }
+    const uint32_t few = TOVL_CUDA_LMHEAD_FEW_ROWS(shaped->T, sms);
+    if (few < TOVL_CUDA_LMHEAD_ROW4Q_ROWS || few >= shaped->max_n) {
+        return TOVL_OK;
+    }
+    tovl_lmhead_overlay_args few_args = *shaped;
+    few_args.max_n = TOVL_CUDA_LMHEAD_ROW4Q_ROWS;
+    tovl_cuda_launch first;
+    const tovl_status st = row_launch(TOVL_CUDA_VARIANT_ROW4Q_FEW, &few_args, few, sms, &first);
+    if (st != TOVL_OK) {
+        return st;
+    }
+    memcpy(out->few_grid, first.grid, sizeof out->few_grid);
+    out->variant = out->variant == TOVL_CUDA_VARIANT_SMALL ? TOVL_CUDA_VARIANT_SMALL_MANY : TOVL_CUDA_VARIANT_PLAIN_MANY;
     return TOVL_OK;
 }
 
@@ -168,7 +208,7 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *full, uint32_t 
         return row_launch(TOVL_CUDA_VARIANT_ROW4Q, a, full->max_n, sms, out);
     }
     if (tiles_fit) {
-        return TOVL_OK;
+        return gate_for_few_rows(full, a, sms, out);
     }
     st = tovl_cuda_lmhead_shape(TOVL_CUDA_VARIANT_PLAIN, a, out);
     /* Where the batch's groups (ceil(T / BM) full ones, and a partial one
@@ -182,7 +222,7 @@ static tovl_status lmhead_launch(const tovl_lmhead_overlay_args *full, uint32_t 
     if (st == TOVL_OK && TOVL_CUDA_LMHEAD_LARGE_COLUMNS > 1 && groups * out->grid[1] > 3 * sms) {
         out->grid[1] = ceil_div(out->grid[1], TOVL_CUDA_LMHEAD_LARGE_COLUMNS);
     }
-    return st;
+    return st == TOVL_OK ? gate_for_few_rows(full, a, sms, out) : st;
 }
 
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,

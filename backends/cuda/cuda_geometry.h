@@ -35,6 +35,12 @@ typedef enum tovl_cuda_variant {
     TOVL_CUDA_VARIANT_ROW2,      /* lm_head: a block per row and 2 overlay rows, two warps each */
     TOVL_CUDA_VARIANT_ROW4,      /* lm_head: a block of four warps per row and 2 overlay rows */
     TOVL_CUDA_VARIANT_ROW4Q,     /* lm_head: a block of four warps per row and 4 overlay rows */
+    /* The gated pair of a fixed-shape set's large batches (launch_shape.h,
+     * TOVL_CUDA_LMHEAD_FEW_ROWS): row4q that computes only when every slot
+     * holds few rows, and the tiles that compute only when one holds more. */
+    TOVL_CUDA_VARIANT_ROW4Q_FEW,
+    TOVL_CUDA_VARIANT_SMALL_MANY,
+    TOVL_CUDA_VARIANT_PLAIN_MANY,
     TOVL_CUDA_VARIANT_COUNT
 } tovl_cuda_variant;
 
@@ -42,7 +48,7 @@ typedef enum tovl_cuda_variant {
  * kernel has no such variant. [k][TOVL_CUDA_VARIANT_PLAIN] is the spec name. */
 extern const char *const tovl_cuda_function_names[TOVL_CUDA_KERNEL_COUNT][TOVL_CUDA_VARIANT_COUNT];
 /* The variants in words, for messages: "large tiles", "small tiles", "row", "row2", "row4",
- * "row4q". */
+ * "row4q", "row4q few", "small tiles many", "large tiles many". */
 extern const char *const tovl_cuda_variant_names[TOVL_CUDA_VARIANT_COUNT];
 extern const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT];
 
@@ -63,7 +69,15 @@ typedef struct tovl_cuda_launch {
     uint32_t grid[3];
     uint32_t block[3];
     tovl_cuda_variant variant; /* which of this port's functions to launch */
+    /* Where `variant` is a *_MANY one: the grid of the ROW4Q_FEW launch that
+     * goes first on the same stream (blocks of TOVL_CUDA_LMHEAD_ROW4_THREADS);
+     * all zero otherwise. */
+    uint32_t few_grid[3];
 } tovl_cuda_launch;
+
+/* The variant a *_MANY variant gates (the same tiles, computing whatever the
+ * slots hold); any other variant itself. */
+tovl_cuda_variant tovl_cuda_ungated_variant(tovl_cuda_variant variant);
 
 /* This port's kernels. A grid with a zero dimension means nothing to launch. */
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,

@@ -32,8 +32,9 @@
  * the kernel before them, so the host may launch them with PDL; 7: the host
  * writes the SM count into the module global `tovl_cuda_sm_count`; 8: the
  * lm_head row variant; 9: and row2; 10: row resident 6 to an SM; 11: and
- * row4; 12: row4 two overlay rows a block, and row4q). */
-#define TOVL_CUDA_PORT_ABI 12
+ * row4; 12: row4 two overlay rows a block, and row4q; 13: the gated pair
+ * row4q_few / *_many of a fixed-shape set's large batches). */
+#define TOVL_CUDA_PORT_ABI 13
 
 #define TOVL_CUDA_ROWDIFF_THREADS 256
 #define TOVL_CUDA_EMBED_THREADS 256
@@ -180,5 +181,21 @@
 #ifndef TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM
 #define TOVL_CUDA_LMHEAD_SHAPED_BLOCKS_PER_SM 4
 #endif
+
+/* A fixed-shape set's lm_head where the launch shaped for its rows takes the
+ * tiles, but a slot of few rows would take row4q (cuda_geometry.c): the host
+ * launches a gated pair, row4q_few and then the tiles' *_many, and the live
+ * rows choose on the device. L = the most rows any slot holds (n[s], at most
+ * max_n), read from the set's count table; F = TOVL_CUDA_LMHEAD_FEW_ROWS(T,
+ * SM count), the most rows a slot may hold for which the host would take
+ * row4q at T rows (48 cells an SM), in whole blocks of ROW4Q_ROWS. row4q_few
+ * computes only when L <= F and the *_many tiles only when L > F, so exactly
+ * one of the two writes the logits, with the bits either gives (the spec's
+ * order). Both read the SM count the host writes into the module
+ * (tovl_cuda_sm_count), so they agree on F. */
+#define TOVL_CUDA_LMHEAD_FEW_ROWS(T, sms)                                                                    \
+    ((T) == 0u ? 0u                                                                                           \
+               : (uint32_t)((uint64_t)(sms) * TOVL_CUDA_LMHEAD_ROW4Q_CELLS_PER_SM / (T) /                      \
+                            TOVL_CUDA_LMHEAD_ROW4Q_ROWS * TOVL_CUDA_LMHEAD_ROW4Q_ROWS))
 
 #endif /* TOVL_CUDA_LAUNCH_SHAPE_H */

@@ -496,3 +496,7 @@ extern "C" tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t
     /* NVIDIA's warps are 32 wide: the CUDA port's kernels assume it. */
     return tovl_emu::run_kernel("cuda", function, tovl_emu::find_kernel(function), grid, block, args, seed, 32);
 }
+
+extern "C" void tovl_cuda_emu_set_sm_count(uint32_t sms) {
+    tovl_emu::set_sm_count(sms);
+}

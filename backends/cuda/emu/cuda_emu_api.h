@@ -22,6 +22,11 @@ extern "C" {
 tovl_status tovl_cuda_emu_launch(const char *function, const uint32_t grid[3], const uint32_t block[3],
                                  const void *args, uint64_t seed);
 
+/* The SM count the emulated kernels read, as the CUDA backend writes it into
+ * its module (the gated pair of launch_shape.h); 0 until set. The emulated
+ * backend sets its device's before each launch. */
+void tovl_cuda_emu_set_sm_count(uint32_t sms);
+
 /* A backend on host memory whose kernels are the emulated CUDA kernels,
  * launched with tovl_cuda_native_launch for a device of `shape`. */
 tovl_status tovl_cuda_emu_backend_open(const tovl_cuda_device_shape *shape, uint64_t seed, tovl_backend **out);

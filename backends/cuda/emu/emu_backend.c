@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../launch_shape.h"
 #include "cuda_emu_api.h"
 #include "tovl/backend.h"
 
@@ -91,6 +92,15 @@ static tovl_status emu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
                                    : tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
+    }
+    tovl_cuda_emu_set_sm_count(c->shape.sm_count ? c->shape.sm_count : 1);
+    if (dims.few_grid[0]) { /* the gated pair: row4q_few first, as the backend launches it */
+        const uint32_t few_block[3] = {TOVL_CUDA_LMHEAD_ROW4_THREADS, 1, 1};
+        st = tovl_cuda_emu_launch(tovl_cuda_function_names[k][TOVL_CUDA_VARIANT_ROW4Q_FEW], dims.few_grid, few_block,
+                                  args, c->seed + c->launches++);
+        if (st != TOVL_OK) {
+            return st;
+        }
     }
     const char *function = tovl_cuda_function_names[k][dims.variant];
     return tovl_cuda_emu_launch(function, dims.grid, dims.block, args, c->seed + c->launches++);

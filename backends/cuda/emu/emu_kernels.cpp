@@ -59,8 +59,18 @@ static const struct {
     TOVL_EMU_THUNK(lmhead_overlay_f32_row4, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_bf16_row4q, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(lmhead_overlay_f32_row4q, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_bf16_row4q_few, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_f32_row4q_few, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_bf16_many, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_f32_many, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_bf16_small_many, tovl_lmhead_overlay_args),
+    TOVL_EMU_THUNK(lmhead_overlay_f32_small_many, tovl_lmhead_overlay_args),
     TOVL_EMU_THUNK(emu_probe_cp_async, emu_probe_cp_async_args),
 };
+
+void set_sm_count(uint32_t sms) {
+    tovl_cuda_sm_count = sms;
+}
 
 KernelThunk find_kernel(const char *name) {
     for (const auto &k : kernels) {

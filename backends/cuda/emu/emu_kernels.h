@@ -12,6 +12,10 @@ namespace tovl_emu {
 /* Runs one thread of a kernel with its argument struct. */
 typedef void (*KernelThunk)(const void *args);
 
+/* The SM count the kernels read (tovl_cuda_sm_count), as the backend writes
+ * it into the module on a GPU. */
+void set_sm_count(uint32_t sms);
+
 /* NULL when token_overlay.cu has no kernel of that name. */
 KernelThunk find_kernel(const char *name);
 

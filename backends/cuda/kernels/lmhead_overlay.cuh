@@ -53,7 +53,7 @@
  * module (cuda_backend.c); 0 until then, and in the emulator, which launches
  * without programmatic dependent launch. */
 #if defined(TOVL_CUDA_EMU)
-static const uint32_t tovl_cuda_sm_count = 0;
+static uint32_t tovl_cuda_sm_count = 0; /* the emulated device's (emu_kernels.cpp) */
 #else
 extern "C" {
 __constant__ uint32_t tovl_cuda_sm_count = 0;
@@ -139,6 +139,30 @@ union alignas(16) LmheadShared {
 /* Overlay rows of slot s the kernel computes: n[s], at most max_n. */
 __device__ __forceinline__ uint32_t lmhead_rows_of(const tovl_lmhead_overlay_args &a, uint32_t s) {
     return min_of(ldg(ptr<const uint32_t>(a.n_table) + s), a.max_n);
+}
+
+/* The gated pair (launch_shape.h, TOVL_CUDA_LMHEAD_FEW_ROWS): F at this
+ * batch, the most rows a slot may hold for row4q_few to compute. */
+__device__ __forceinline__ uint32_t lmhead_few_rows(uint32_t T) {
+    return TOVL_CUDA_LMHEAD_FEW_ROWS(T, lmhead_sm_count());
+}
+
+/* L: the most rows any slot holds (lmhead_rows_of), in every lane; `first`
+ * is this lane's slot's count (slot lane) where the caller has it already.
+ * Every lane of the warp calls it. */
+__device__ __forceinline__ uint32_t lmhead_live_rows(const tovl_lmhead_overlay_args &a, uint32_t first) {
+    uint32_t live = first;
+    for (uint32_t s = lane_id() + WARP; s < a.max_loras; s += WARP) {
+        live = max_of(live, lmhead_rows_of(a, s));
+    }
+    TOVL_UNROLL
+    for (uint32_t d = WARP / 2; d >= 1; d /= 2) {
+        live = max_of(live, __shfl_xor_sync(FULL_MASK, live, d));
+    }
+    return live;
+}
+__device__ __forceinline__ uint32_t lmhead_live_rows(const tovl_lmhead_overlay_args &a) {
+    return lmhead_live_rows(a, lane_id() < a.max_loras ? lmhead_rows_of(a, lane_id()) : 0u);
 }
 
 /* The table cells of the slot a block works on: overlay rows, their ids,
@@ -802,8 +826,17 @@ __device__ bool lmhead_pick(LmheadShared<C> &sh, const tovl_lmhead_overlay_args 
     return false;
 }
 
-template <class C, bool F32_LOGITS>
+/* MANY: the tiles of the gated pair, which compute only when some slot
+ * holds more than F rows (launch_shape.h); otherwise row4q_few, launched
+ * before them, does. */
+template <class C, bool F32_LOGITS, bool MANY = false>
 __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
+    if constexpr (MANY) {
+        if (lmhead_live_rows(a) <= lmhead_few_rows(a.T)) {
+            grid_dependency_wait(); /* the stream's order: this grid ends after the one before */
+            return;                 /* uniform */
+        }
+    }
     __shared__ LmheadShared<C> sh;
     __shared__ uint32_t tile_ids[C::BN]; /* outside sh: written before the loop, read after it */
     __shared__ uint32_t inexact;         /* the range check's vote (lmhead_tile) */
@@ -853,15 +886,19 @@ __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
 
 } // namespace tovl_cuda
 
-#define TOVL_CUDA_LMHEAD_ENTRY(name, config, f32)                                                  \
+#define TOVL_CUDA_LMHEAD_ENTRY(name, config, f32, many)                                            \
     TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::MIN_BLOCKS)                    \
         name(tovl_lmhead_overlay_args args) {                                                      \
-        tovl_cuda::lmhead_overlay<config, f32>(args);                                              \
+        tovl_cuda::lmhead_overlay<config, f32, many>(args);                                        \
     }
 
-TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16, tovl_cuda::LmheadLarge, false)
-TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32, tovl_cuda::LmheadLarge, true)
-TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16_small, tovl_cuda::LmheadSmall, false)
-TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32_small, tovl_cuda::LmheadSmall, true)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16, tovl_cuda::LmheadLarge, false, false)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32, tovl_cuda::LmheadLarge, true, false)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16_small, tovl_cuda::LmheadSmall, false, false)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32_small, tovl_cuda::LmheadSmall, true, false)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16_many, tovl_cuda::LmheadLarge, false, true)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32_many, tovl_cuda::LmheadLarge, true, true)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_bf16_small_many, tovl_cuda::LmheadSmall, false, true)
+TOVL_CUDA_LMHEAD_ENTRY(lmhead_overlay_f32_small_many, tovl_cuda::LmheadSmall, true, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_OVERLAY_CUH */

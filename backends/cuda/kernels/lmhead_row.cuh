@@ -31,6 +31,7 @@
 #define TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH
 
 #include "common.cuh"
+#include "lmhead_overlay.cuh" /* lmhead_live_rows, lmhead_few_rows */
 
 namespace tovl_cuda {
 
@@ -149,7 +150,9 @@ struct RowSlotCells {
     uint32_t n;
     const uint16_t *rows;
     const uint32_t *ids;
+    uint32_t live; /* with LIVE: lmhead_live_rows, from the same loads */
 };
+template <bool LIVE = false>
 __device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a, uint32_t t, RowSlotCells &out) {
     const uint32_t lane = lane_id();
     uint32_t lane_n = 0;
@@ -160,6 +163,9 @@ __device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a
         lane_ids = ldg(ptr<const uint64_t>(a.ids_table) + lane);
     }
     grid_dependency_wait();
+    if constexpr (LIVE) {
+        out.live = lmhead_live_rows(a, min_of(lane_n, a.max_n));
+    }
     const int32_t s = row_slot(a.row_slots, a.active_slot, t);
     if (!slot_valid(s, a.max_loras)) {
         return false;
@@ -285,7 +291,9 @@ struct LmheadRow4Config {
 using LmheadRow4 = LmheadRow4Config<TOVL_CUDA_LMHEAD_ROW4_ROWS, TOVL_CUDA_LMHEAD_ROW4_BLOCKS_PER_SM>;
 using LmheadRow4Q = LmheadRow4Config<TOVL_CUDA_LMHEAD_ROW4Q_ROWS, TOVL_CUDA_LMHEAD_ROW4Q_BLOCKS_PER_SM>;
 
-template <class C, bool F32_LOGITS>
+/* FEW: row4q_few of the gated pair, which computes only when no slot holds
+ * more than F rows (launch_shape.h); otherwise the *_many tiles after it do. */
+template <class C, bool F32_LOGITS, bool FEW = false>
 __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     constexpr uint32_t CHUNK = C::CHUNK, THREADS = C::THREADS, R = C::ROWS;
     struct alignas(16) Stage {
@@ -294,8 +302,13 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     };
     __shared__ Stage stage;
     const uint32_t t = blockIdx.x, q = threadIdx.x, warp = q / WARP, lane = lane_id();
+    const uint32_t few = FEW ? lmhead_few_rows(a.T) : 0u; /* read ahead of the table cells */
     RowSlotCells cells;
-    if (!row_slot_cells(a, t, cells)) {
+    const bool has_rows = row_slot_cells<FEW>(a, t, cells);
+    if (FEW && cells.live > few) {
+        return; /* uniform: a slot holds more; the tiles compute */
+    }
+    if (!has_rows) {
         return; /* uniform: the block's row has no overlay */
     }
     const uint32_t n = cells.n;
@@ -473,5 +486,15 @@ TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row4, lmhead_overlay_row4, tovl_c
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row4, lmhead_overlay_row4, tovl_cuda::LmheadRow4, true)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_bf16_row4q, lmhead_overlay_row4, tovl_cuda::LmheadRow4Q, false)
 TOVL_CUDA_LMHEAD_ROW_ENTRY(lmhead_overlay_f32_row4q, lmhead_overlay_row4, tovl_cuda::LmheadRow4Q, true)
+
+/* row4q_few (the gated pair, launch_shape.h). */
+#define TOVL_CUDA_LMHEAD_ROW_FEW_ENTRY(name, config, f32)                                                 \
+    TOVL_CUDA_KERNEL void __launch_bounds__(config::THREADS, config::BLOCKS_PER_SM)                           \
+        name(tovl_lmhead_overlay_args args) {                                                              \
+        tovl_cuda::lmhead_overlay_row4<config, f32, true>(args);                                           \
+    }
+
+TOVL_CUDA_LMHEAD_ROW_FEW_ENTRY(lmhead_overlay_bf16_row4q_few, tovl_cuda::LmheadRow4Q, false)
+TOVL_CUDA_LMHEAD_ROW_FEW_ENTRY(lmhead_overlay_f32_row4q_few, tovl_cuda::LmheadRow4Q, true)
 
 #endif /* TOVL_CUDA_KERNELS_LMHEAD_ROW_CUH */
