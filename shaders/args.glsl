@@ -41,7 +41,10 @@ layout(push_constant, std430) uniform LmheadOverlayArgs {
     layout(offset = 68) uint max_loras;
     layout(offset = 72) int active_slot;
     layout(offset = 76) uint max_n;
-} args; // 80 bytes
+    // Not part of the argument struct: the columns of tiles the dispatch
+    // holds (the tile shader; backends/vulkan/vk_kernels.c pushes it).
+    layout(offset = 80) uint tile_columns;
+} args; // 80 bytes, and that word
 #else
 #error "define one TOVL_ARGS_* before including args.glsl"
 #endif

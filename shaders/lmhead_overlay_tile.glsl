@@ -10,11 +10,15 @@
 // read once per BM rows of its slot rather than once per row. The tiles are
 // numbered on the host without the row slots (vk_kernels.c): group x of column
 // y, for x < ceil(T / BM) + min(max_loras, T) (room for every slot's last
-// partial group) and y < ceil(max_n / BN), y fastest in dispatch order, so
-// the tiles of one group of rows are neighbours. A workgroup counts the rows
-// of every slot (one pass over the row slots), takes the x-th of the groups of
-// the slots that have overlay rows in column y, and collects its group's rows
-// with a prefix sum; a workgroup past the batch's groups returns.
+// partial group) and y < the dispatch's columns (those of the rows the launch
+// is shaped for, at most ceil(max_n / BN): args.tile_columns), y fastest in
+// dispatch order, so the tiles of one group of rows are neighbours. A
+// workgroup counts the rows of every slot (one pass over the row slots),
+// takes the x-th of the groups of the slots that have overlay rows in column
+// y, and collects its group's rows with a prefix sum; a workgroup past the
+// batch's groups returns. It then computes column y of its slot's group, and
+// y + tile_columns, ... while the slot has rows there (a fixed-shape set's
+// capacity past the shaped rows): every (slot, group, column) once.
 //
 // The dot order. Invocation l is the spec's lane l of all BM x BN cells: a
 // chunk is 256 elements of each of the tile's rows, staged as bf16 pairs in
@@ -148,10 +152,12 @@ uint tree_slot(uint cell, uint lane) {
     return cell * LANES + (lane ^ ((cell & 1u) << 4));
 }
 
+void tile(uint my_t, uint s, uint n, uint64_t rows_base, uint k0);
+
 void main() {
     uint tid = gl_LocalInvocationIndex;
     uint T = args.T;
-    uint columns = (args.max_n + BN - 1u) / BN;
+    uint columns = min((args.max_n + BN - 1u) / BN, args.tile_columns); // the dispatch's
     uint order = linear_group_xy();
     uint group_slots = (T + BM - 1u) / BM + min(args.max_loras, T);
     if (columns == 0u || uint64_t(order) >= uint64_t(group_slots) * uint64_t(columns)) {
@@ -256,9 +262,20 @@ void main() {
     uint my_t = pool[ROWS + tid / ROW_VECS];
     barrier(); // the staging overwrites the pool
 
-    uint h = args.h;
     uint n = rows_of(s);
     uint64_t rows_base = U64Buf(args.rows_table).v[s];
+    // Column y of the slot's group, then y + columns, ... (uniform: n and k0
+    // are the same in every invocation; each column ends on a barrier).
+    for (; k0 < n; k0 += columns * BN) {
+        tile(my_t, s, n, rows_base, k0);
+    }
+}
+
+// Overlay rows [k0, k0 + BN) of slot s (n rows, at rows_base) times the
+// tile's hidden rows (this invocation's staged one: my_t).
+void tile(uint my_t, uint s, uint n, uint64_t rows_base, uint k0) {
+    uint tid = gl_LocalInvocationIndex;
+    uint h = args.h;
     uint kw = k0 + tid / ROW_VECS;
     uint64_t x_row = my_t != NO_ROW ? element_address(args.hidden, uint64_t(my_t) * uint64_t(h), 2u) : uint64_t(0);
     uint64_t w_row = kw < n ? element_address(rows_base, uint64_t(kw) * uint64_t(h), 2u) : uint64_t(0);

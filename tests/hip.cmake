@@ -103,7 +103,7 @@ if(TARGET tovl_cuda_emu)
   target_compile_options(tovl_hip_emu PRIVATE $<$<COMPILE_LANGUAGE:C>:${TOVL_C_FLAGS}>
                                               $<$<COMPILE_LANGUAGE:CXX>:${emu_cxx_flags}>)
   tovl_add_parted_test(test_hip_emu SUITE hip_emu PARTS "conformance_wave64" "conformance_wave64_lmhead_*"
-    "conformance_wave32" "conformance_wave32_lmhead_*" "slots_*" "batches_*"
+    "conformance_wave32" "conformance_wave32_lmhead_*" "slots_in_place_*" "slots_capacity_*" "batches_*"
     SOURCES test_hip_emu.c)
   target_link_libraries(test_hip_emu PRIVATE tovl_cuda_testutil tovl_conform tovl_hip_emu)
   target_include_directories(test_hip_emu PRIVATE ${PROJECT_SOURCE_DIR}/backends)

@@ -17,6 +17,8 @@
 
 #include "conform.h"
 #include "hip/emu/hip_emu_api.h"
+#include "hip/hip_geometry.h"
+#include "hip/token_overlay_shape.h"
 #include "slots_check.h"
 #include "test_cuda_common.h"
 #include "testutil.h"
@@ -148,8 +150,40 @@ Test(hip_emu, slots_in_place_wave32, .timeout = 900) {
     slots_on(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, false, 250, 12, "hip_emu_slots_wave32");
 }
 
-/* A capacity of 160 rows on the tiles, two adapters filling it: the blocks
- * past every slot's rows leave before the pass over the row slots. */
+/* A capacity of 160 rows, two adapters filling it, past the 64 rows the
+ * launch is shaped for: the tiles' and the rows' grids cover 64 (8 columns)
+ * and their blocks loop over the columns past it; the tiles' blocks past
+ * every slot's rows leave before the pass over the row slots. The small-batch
+ * grid covers the 160. */
 Test(hip_emu, slots_capacity_160_tiles, .timeout = 900) {
     slots_on(64, TOVL_HIP_EMU_LMHEAD_TILES, false, 30, 160, "hip_emu_slots_tiles_160");
+}
+
+Test(hip_emu, slots_capacity_160_rows, .timeout = 900) {
+    slots_on(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, true, 30, 160, "hip_emu_slots_rows_160");
+}
+
+Test(hip_emu, slots_capacity_160_small, .timeout = 900) {
+    slots_on(64, TOVL_HIP_EMU_LMHEAD_SMALL, false, 20, 160, "hip_emu_slots_small_160");
+}
+
+/* The grids a fixed-shape set's launch gets (capacity 256, shaped for 64
+ * rows) beside a from_slots set's of 64 rows: the same but for the
+ * small-batch grid, which covers max_n so the kernel can tell it by its
+ * height (token_overlay.hip, lmhead_small_grid). */
+Test(hip_emu, geometry_of_a_fixed_shape_set) {
+    tovl_lmhead_overlay_args fixed = {.h = 4096, .max_loras = 8, .max_n = 256}, from = fixed;
+    from.max_n = 64;
+    const uint32_t Ts[] = {1, 4, 5, 64, 512};
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        uint32_t bf[3], bs[3];
+        fixed.T = from.T = Ts[i];
+        cr_assert_eq(tovl_hip_blocks(TOVL_HIP_LMHEAD_BF16, (uint32_t[3]){Ts[i], 64, 1}, &fixed, bf), TOVL_OK);
+        cr_assert_eq(tovl_hip_blocks(TOVL_HIP_LMHEAD_BF16, (uint32_t[3]){Ts[i], 64, 1}, &from, bs), TOVL_OK);
+        const bool small = Ts[i] <= TOVL_HIP_LMHEAD_SMALL_MAX_T;
+        cr_expect(bf[0] == Ts[i] && bf[1] == (small ? 256u / TOVL_HIP_LMHEAD_SMALL_ROWS : 8u) && bf[2] == 1,
+                  "T = %u, capacity 256: %u x %u x %u", Ts[i], bf[0], bf[1], bf[2]);
+        cr_expect(bs[0] == Ts[i] && bs[1] == (small ? 64u / TOVL_HIP_LMHEAD_SMALL_ROWS : 8u) && bs[2] == 1,
+                  "T = %u, 64 rows: %u x %u x %u", Ts[i], bs[0], bs[1], bs[2]);
+    }
 }

@@ -294,11 +294,16 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     if (c->native) {
         st = tovl_cuda_native_launch(k, grid, args, &c->shape, &dims);
     } else {
-        /* Another port's lm_head grid is its max_n's, not the rows a
-         * fixed-shape set's launch is shaped for (kernel_args.h). */
+        /* Another port's lm_head grid is shaped for the rows the core
+         * shapes it for (kernel_args.h: max_n, or fewer for a fixed-shape
+         * set), its small shape for max_n (the HIP port's kernel tells the
+         * small grid by its height against max_n; include/tovl/tovl_cuda.h). */
         const bool lmhead = k == TOVL_CUDA_LMHEAD_BF16 || k == TOVL_CUDA_LMHEAD_F32;
-        const uint32_t logical[3] = {grid[0], lmhead ? ((const tovl_lmhead_overlay_args *)args)->max_n : grid[1],
-                                     grid[2]};
+        const uint32_t max_n = lmhead ? ((const tovl_lmhead_overlay_args *)args)->max_n : 0;
+        const uint32_t rows = grid[1] < max_n ? grid[1] : max_n;
+        const uint32_t logical[3] = {
+            grid[0], !lmhead ? grid[1] : tovl_cuda_foreign_small(&c->kernels[k].shapes, grid[0]) ? max_n : rows,
+            grid[2]};
         st = tovl_cuda_foreign_launch(&c->kernels[k].shapes, logical, &dims);
     }
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {

@@ -257,10 +257,14 @@ tovl_status tovl_cuda_foreign_shape_check(const char *global, const tovl_cuda_fo
     return TOVL_OK;
 }
 
+bool tovl_cuda_foreign_small(const tovl_cuda_foreign_shapes *shapes, uint32_t x) {
+    return shapes->small_max_x > 0 && x <= shapes->small_max_x;
+}
+
 tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shapes *shapes, const uint32_t logical[3],
                                      tovl_cuda_launch *out) {
     memset(out, 0, sizeof *out);
-    const bool small = shapes->small_max_x > 0 && logical[0] <= shapes->small_max_x;
+    const bool small = tovl_cuda_foreign_small(shapes, logical[0]);
     const tovl_cuda_foreign_shape *shape = small ? &shapes->small : &shapes->shape;
     const uint32_t gx = ceil_div(logical[0], shape->items_x), gy = ceil_div(logical[1], shape->items_y);
     if (gx > GRID_X_MAX || gy > GRID_YZ_MAX || logical[2] > GRID_YZ_MAX) {

@@ -103,6 +103,9 @@ typedef struct tovl_cuda_foreign_shapes {
     uint32_t small_max_x;
 } tovl_cuda_foreign_shapes;
 
+/* Whether a logical grid of x points in x takes the small shape. */
+bool tovl_cuda_foreign_small(const tovl_cuda_foreign_shapes *shapes, uint32_t x);
+
 /* Checks a shape read from a module; names the global (`global`) when it is unusable. */
 tovl_status tovl_cuda_foreign_shape_check(const char *global, const tovl_cuda_foreign_shape *shape);
 tovl_status tovl_cuda_foreign_launch(const tovl_cuda_foreign_shapes *shapes, const uint32_t logical[3],

@@ -62,9 +62,16 @@ tovl_status tovl_hip_blocks_small_to(tovl_hip_kernel_id kernel, const uint32_t l
         break;
     case TOVL_HIP_LMHEAD_BF16:
     case TOVL_HIP_LMHEAD_F32: {
-        const bool small = logical[0] <= small_max_t; /* the kernel tells the grids apart by their height */
+        /* The small-batch grid covers max_n, the others the rows the launch
+         * is shaped for (kernel_args.h; their blocks loop over the columns
+         * past it): the kernel tells the small grid by its height, taller
+         * than the others' could be for max_n (token_overlay.hip,
+         * lmhead_small_grid). */
+        const bool small = logical[0] <= small_max_t;
         const uint32_t max_n = ((const tovl_lmhead_overlay_args *)args)->max_n;
-        const uint32_t columns = ceil_div(max_n, small ? TOVL_HIP_LMHEAD_SMALL_ROWS : TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
+        const uint32_t rows = logical[1] < max_n ? logical[1] : max_n;
+        const uint32_t columns = small ? ceil_div(max_n, TOVL_HIP_LMHEAD_SMALL_ROWS)
+                                       : ceil_div(rows, TOVL_HIP_LMHEAD_ROWS_PER_BLOCK);
         blocks[1] = columns < TOVL_HIP_MAX_GRID_YZ ? columns : TOVL_HIP_MAX_GRID_YZ;
         break;
     }

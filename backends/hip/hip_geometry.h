@@ -38,12 +38,12 @@ tovl_status tovl_hip_check_launch(const char *backend, tovl_kernel kernel, const
 #define TOVL_HIP_MAX_GRID_YZ 65535u
 
 /* Blocks of TOVL_HIP_BLOCK_THREADS threads for kernel `kernel` over the
- * logical grid: rowdiff ceil(rows / 8), embed T, lm_head (T, ceil(max_n / 8)
- * capped at 65535: the blocks loop over the columns past it), or (T, max_n,
- * capped) for T <= TOVL_HIP_LMHEAD_SMALL_MAX_T. lm_head's max_n is its
- * arguments', not the logical grid's y (which may be fewer, kernel_args.h):
- * the kernel tells its two grids apart by their height against max_n. A zero
- * dimension means nothing to launch. TOVL_ERR_LAUNCH past HIP's limits. */
+ * logical grid: rowdiff ceil(rows / 8), embed T, lm_head (T, ceil(rows / 8)
+ * capped at 65535, rows the logical grid's y, at most the arguments' max_n:
+ * the blocks loop over the columns past it), or (T, max_n, capped) for T <=
+ * TOVL_HIP_LMHEAD_SMALL_MAX_T: the kernel tells the small grid by its height
+ * against max_n. A zero dimension means nothing to launch. TOVL_ERR_LAUNCH
+ * past HIP's limits. */
 tovl_status tovl_hip_blocks(tovl_hip_kernel_id kernel, const uint32_t logical[3], const void *args,
                             uint32_t blocks[3]);
 /* The same, lm_head on the small-batch path's grid (T, max_n) while T <=

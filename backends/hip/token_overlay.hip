@@ -1149,10 +1149,10 @@ union LmheadLds {
 };
 
 /* Whether the host launched the small-batch path's grid (y = max_n /
- * SMALL_ROWS, token_overlay_shape.h) rather than the other paths' (y =
- * max_n / 8), told apart by its height. Where the two are the same height
- * (max_n <= SMALL_ROWS, or both at the y limit) the other paths take it,
- * which cover every column of either. */
+ * SMALL_ROWS, token_overlay_shape.h) rather than the other paths' (y = the
+ * shaped rows / 8, at most max_n / 8), told apart by its height. Where the
+ * two could be the same height (max_n <= SMALL_ROWS, or both at the y limit)
+ * the other paths take it, which cover every column of either. */
 __device__ static inline bool lmhead_small_grid(const tovl_lmhead_overlay_args &args) {
     const uint32_t columns = (uint32_t)(((uint64_t)args.max_n + LMHEAD_ROWS - 1) / LMHEAD_ROWS);
     return gridDim.y > (columns < TOVL_HIP_LMHEAD_MAX_COLUMNS ? columns : TOVL_HIP_LMHEAD_MAX_COLUMNS);

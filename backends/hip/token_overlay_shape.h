@@ -8,8 +8,10 @@
  *   rowdiff           a row group per row, 8 rows per block: grid ceil(rows / 8)
  *   embed_overlay     a block per token: grid T
  *   lmhead_overlay_*  a block per (token t, 8 overlay rows of its slot), a row
- *                     group per overlay row: grid (T, ceil(max_n / 8)),
- *                     y capped at 65535 (the blocks then loop over columns);
+ *                     group per overlay row: grid (T, ceil(rows / 8)), rows
+ *                     those the launch is shaped for (max_n, or fewer for a
+ *                     fixed-shape set: kernel_args.h), y capped at 65535
+ *                     (the blocks loop over the columns past the grid);
  *                     for T <= TOVL_HIP_LMHEAD_SMALL_MAX_T a block per
  *                     (token t, overlay row): grid (T, max_n), y capped
  */
@@ -23,7 +25,7 @@
 /* rowdiff: rows per block. */
 #define TOVL_HIP_ROWDIFF_ROWS_PER_BLOCK (TOVL_HIP_BLOCK_THREADS / TOVL_HIP_GROUP_THREADS)
 /* lmhead_overlay_*: overlay rows one block computes for its token, a row
- * group each; grid.y = ceil(max_n / this). */
+ * group each; grid.y = ceil(rows / this). */
 #define TOVL_HIP_LMHEAD_ROWS_PER_BLOCK (TOVL_HIP_BLOCK_THREADS / TOVL_HIP_GROUP_THREADS)
 
 /* lmhead_overlay_*: the other paths' grid's y is capped here, and so is

@@ -46,8 +46,15 @@ ARG_AT(tovl_lmhead_overlay_args, active_slot, 72);
 ARG_AT(tovl_lmhead_overlay_args, max_n, 76);
 _Static_assert(sizeof(tovl_lmhead_overlay_args) == 80, "LmheadOverlayArgs is 80 bytes");
 
-/* The largest argument struct; the pipeline layout's push-constant range. */
-#define VK_PUSH_CONSTANT_BYTES 80u
+/* The lm_head shaders' one word past the argument struct: the columns of
+ * tiles the dispatch holds (workgroups; shaders/args.glsl), this port's
+ * counterpart of CUDA's gridDim.y. */
+#define VK_LMHEAD_TILE_COLUMNS_OFFSET 80u
+_Static_assert(VK_LMHEAD_TILE_COLUMNS_OFFSET == sizeof(tovl_lmhead_overlay_args), "the word after the arguments");
+
+/* The largest push-constant block (the lm_head arguments and that word); the
+ * pipeline layout's push-constant range. */
+#define VK_PUSH_CONSTANT_BYTES 84u
 _Static_assert(VK_PUSH_CONSTANT_BYTES <= 128, "push constants must fit the 128 bytes every device has");
 
 /* SPIR-V embedded at build time (backends/vulkan/CMakeLists.txt). */
@@ -235,9 +242,10 @@ static tovl_status spread_xy(const vk_ctx *ctx, const char *name, uint64_t count
 
 /* Logical grid -> pipeline and workgroup counts (see the shaders' main()). */
 static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], const void *args, int *pipeline,
-                              uint32_t groups[3]) {
+                              uint32_t groups[3], uint32_t *tile_columns) {
     const char *name = kernels[k].name;
     *pipeline = kernels[k].pipeline;
+    *tile_columns = 0;
     if (k >= VK_KERNEL_FIRST_FLOOR) {
         groups[0] = groups[1] = groups[2] = 1;
         return TOVL_OK;
@@ -247,15 +255,20 @@ static tovl_status workgroups(const vk_ctx *ctx, int k, const uint32_t grid[3], 
     }
     const tovl_lmhead_overlay_args *a = args;
     if (lmhead_tiles(ctx, a)) {
-        /* The tiles: (groups of rows, columns of overlay rows), one index. */
+        /* The tiles: (groups of rows, columns of overlay rows), one index.
+         * The columns cover the rows the launch is shaped for (grid[1],
+         * kernel_args.h); a workgroup also does the columns past them, y +
+         * tile_columns, ... So a fixed-shape set's tiles cost what 64 rows'
+         * cost whatever its capacity, and a slot of more rows takes rounds. */
         const uint64_t row_groups = (uint64_t)ceil_div(a->T, VK_LMHEAD_TILE_BM) + (a->max_loras < a->T ? a->max_loras : a->T);
-        return spread_xy(ctx, name, row_groups * ceil_div(a->max_n, VK_LMHEAD_TILE_BN), groups);
+        *tile_columns = ceil_div(grid[1] < a->max_n ? grid[1] : a->max_n, VK_LMHEAD_TILE_BN);
+        return spread_xy(ctx, name, row_groups * *tile_columns, groups);
     }
     /* The rows: X = chunks of cells of k, Y and Z = t. X covers the rows the
      * launch is shaped for (grid[1], kernel_args.h), widened toward max_n
      * up to VK_LMHEAD_SHAPED_GROUPS workgroups in all; the shader's
-     * workgroups loop over the chunks past X. (The tiles above cover max_n:
-     * that shader does not loop.) */
+     * workgroups loop over the chunks past X, as the tiles' loop over the
+     * columns past theirs. */
     *pipeline += VK_PIPELINE_LMHEAD_BF16_ROW - VK_PIPELINE_LMHEAD_BF16_TILE;
     const uint32_t rows = grid[0];
     const uint32_t all = ceil_div(a->max_n, VK_LMHEAD_CELLS_PER_GROUP);
@@ -306,15 +319,20 @@ tovl_status tovl_vk_record_launch(vk_ctx *ctx, VkCommandBuffer cmd, tovl_kernel 
         return tovl_error(TOVL_ERR_LAUNCH, "vulkan: kernel %s expects %zu bytes of arguments, got %zu",
                           kernels[k].name, want ? want : (size_t)VK_PUSH_CONSTANT_BYTES, args_size);
     }
-    uint32_t groups[3];
+    uint32_t groups[3], tile_columns;
     int pipeline;
-    tovl_status st = workgroups(ctx, k, grid, args, &pipeline, groups);
+    tovl_status st = workgroups(ctx, k, grid, args, &pipeline, groups, &tile_columns);
     if (st != TOVL_OK) {
         return st;
     }
     barrier_before(ctx, cmd);
     ctx->vk.vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, ctx->pipelines[pipeline]);
-    if (args_size) {
+    if (k == VK_KERNEL_LMHEAD_BF16 || k == VK_KERNEL_LMHEAD_F32) {
+        unsigned char block[VK_PUSH_CONSTANT_BYTES];
+        memcpy(block, args, args_size);
+        memcpy(block + VK_LMHEAD_TILE_COLUMNS_OFFSET, &tile_columns, sizeof tile_columns);
+        ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof block, block);
+    } else if (args_size) {
         ctx->vk.vkCmdPushConstants(cmd, ctx->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, (uint32_t)args_size, args);
     }
     if (groups[0] && groups[1] && groups[2]) {

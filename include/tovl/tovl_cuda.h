@@ -37,8 +37,10 @@ TOVL_API tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out
  * module built from this port's source (it defines `tovl_cuda_port_abi`) is
  * launched with this port's shapes. Any other module is launched one block of
  * 256 x 1 threads per point of the core's logical grid (rowdiff (rows,1,1),
- * embed_overlay (T,1,1), lmhead_overlay_* (T,max_n,1); the argument struct by
- * value), unless it defines, next to a kernel K, a global
+ * embed_overlay (T,1,1), lmhead_overlay_* (T,rows,1) with rows the overlay
+ * rows the launch is shaped for: max_n, or fewer for a fixed-shape set, whose
+ * kernels loop over the rows past their grid (kernel_args.h); the argument
+ * struct by value), unless it defines, next to a kernel K, a global
  *     extern "C" __device__ const unsigned int K_launch[4] =
  *         {block_x, block_y, items_x, items_y};
  * then its blocks have block_x x block_y threads and each covers items_x x
@@ -47,8 +49,9 @@ TOVL_API tovl_status tovl_cuda_backend_wrap(void *cu_context, tovl_backend **out
  *     extern "C" __device__ const unsigned int K_launch_small[5] =
  *         {max_x, block_x, block_y, items_x, items_y};
  * a logical grid of 1 to max_x points in x (lm_head: T) takes that shape
- * instead (the HIP port's small-batch grid: its kernel tells the two apart by
- * the grid). This port's modules are launched with
+ * instead, over (T,max_n,1) (the HIP port's small-batch grid: its kernel
+ * tells the two apart by the grid's height against max_n). This port's
+ * modules are launched with
  * programmatic dependent launch (sm_90 and newer): their kernels wait for the
  * kernel before them. Another module is too when it defines
  *     extern "C" __device__ const unsigned int tovl_cuda_dependent_launch = 1;
