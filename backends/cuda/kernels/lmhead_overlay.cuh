@@ -833,8 +833,9 @@ template <class C, bool F32_LOGITS, bool MANY = false>
 __device__ void lmhead_overlay(const tovl_lmhead_overlay_args &a) {
     if constexpr (MANY) {
         if (lmhead_live_rows(a) <= lmhead_few_rows(a.T)) {
-            grid_dependency_wait(); /* the stream's order: this grid ends after the one before */
-            return;                 /* uniform */
+            grid_dependents_launch(); /* nothing to compute: the next launch may start */
+            grid_dependency_wait();   /* the stream's order: this grid ends after the one before */
+            return;                   /* uniform */
         }
     }
     __shared__ LmheadShared<C> sh;

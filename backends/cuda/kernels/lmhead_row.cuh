@@ -153,7 +153,8 @@ struct RowSlotCells {
     uint32_t live; /* with LIVE: lmhead_live_rows, from the same loads */
 };
 template <bool LIVE = false>
-__device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a, uint32_t t, RowSlotCells &out) {
+__device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a, uint32_t t, RowSlotCells &out,
+                                               uint32_t few = 0) {
     const uint32_t lane = lane_id();
     uint32_t lane_n = 0;
     uint64_t lane_rows = 0, lane_ids = 0;
@@ -162,10 +163,15 @@ __device__ __forceinline__ bool row_slot_cells(const tovl_lmhead_overlay_args &a
         lane_rows = ldg(ptr<const uint64_t>(a.rows_table) + lane);
         lane_ids = ldg(ptr<const uint64_t>(a.ids_table) + lane);
     }
-    grid_dependency_wait();
     if constexpr (LIVE) {
+        /* The gated pair: a block that will not compute lets the tiles
+         * after it start launching now (launch_shape.h). */
         out.live = lmhead_live_rows(a, min_of(lane_n, a.max_n));
+        if (out.live > few) {
+            grid_dependents_launch();
+        }
     }
+    grid_dependency_wait();
     const int32_t s = row_slot(a.row_slots, a.active_slot, t);
     if (!slot_valid(s, a.max_loras)) {
         return false;
@@ -304,7 +310,7 @@ __device__ void lmhead_overlay_row4(const tovl_lmhead_overlay_args &a) {
     const uint32_t t = blockIdx.x, q = threadIdx.x, warp = q / WARP, lane = lane_id();
     const uint32_t few = FEW ? lmhead_few_rows(a.T) : 0u; /* read ahead of the table cells */
     RowSlotCells cells;
-    const bool has_rows = row_slot_cells<FEW>(a, t, cells);
+    const bool has_rows = row_slot_cells<FEW>(a, t, cells, few);
     if (FEW && cells.live > few) {
         return; /* uniform: a slot holds more; the tiles compute */
     }
