@@ -160,11 +160,11 @@ Test(hip_emu, slots_capacity_160_tiles, .timeout = 900) {
 }
 
 Test(hip_emu, slots_capacity_160_rows, .timeout = 900) {
-    slots_on(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, true, 30, 160, "hip_emu_slots_rows_160");
+    slots_on(32, TOVL_HIP_EMU_LMHEAD_AS_CHOSEN, true, 16, 160, "hip_emu_slots_rows_160");
 }
 
 Test(hip_emu, slots_capacity_160_small, .timeout = 900) {
-    slots_on(64, TOVL_HIP_EMU_LMHEAD_SMALL, false, 20, 160, "hip_emu_slots_small_160");
+    slots_on(64, TOVL_HIP_EMU_LMHEAD_SMALL, false, 12, 160, "hip_emu_slots_small_160");
 }
 
 /* The grids a fixed-shape set's launch gets (capacity 256, shaped for 64
