@@ -144,6 +144,17 @@ slots_replayer slots_eager_replayer(slots_eager *state) {
                             .user = state};
 }
 
+/* `rounds`, or fewer where the environment caps them: `first` (when set
+ * and not empty), else TOVL_SLOTS_ROUNDS. */
+static uint32_t capped_rounds(uint32_t rounds, const char *first) {
+    const char *cap = first ? getenv(first) : NULL;
+    if (!cap || !*cap) {
+        cap = getenv("TOVL_SLOTS_ROUNDS");
+    }
+    const unsigned long most = cap && *cap ? strtoul(cap, NULL, 10) : 0;
+    return most > 0 && most < rounds ? (uint32_t)most : rounds;
+}
+
 /* Adapter i's kind: 0 embed rows only, 1 lm_head rows only, 2 both, 3 embed
  * rows and an explicitly empty lm_head part. Counts 1 .. most (the capacity,
  * or the config's few_rows); adapter 0 and 1 hold exactly the capacity. */
@@ -252,14 +263,10 @@ static void random_ops(tu_rng *r, tovl_token_overlay_set *const *sets, uint32_t 
 }
 
 void slots_check_rounds(tovl_backend *be, const slots_replayer *rp, const slots_config *cfg_in, const char *tag) {
-    /* TOVL_SLOTS_ROUNDS caps the rounds: the sanitizer runs, where an emulated
-     * round costs ten times more, take fewer (CMakePresets.json, asan). */
+    /* The sanitizer runs, where an emulated round costs ten times more, take
+     * fewer (CMakePresets.json, asan). */
     slots_config capped = *cfg_in;
-    const char *cap = getenv("TOVL_SLOTS_ROUNDS");
-    const unsigned long most = cap && *cap ? strtoul(cap, NULL, 10) : 0;
-    if (most > 0 && most < capped.rounds) {
-        capped.rounds = (uint32_t)most;
-    }
+    capped.rounds = capped_rounds(capped.rounds, NULL);
     const slots_config *cfg = &capped;
     tu_rng r = tu_rng_for(tag);
     tovl_backend *cpu = NULL;
@@ -504,17 +511,9 @@ static void shard_reference(tovl_backend *cpu, const tovl_overlay_kernels *k, co
 void slots_check_shards(tovl_backend *be, const slots_replayer *rp, const slots_shard_config *cfg_in,
                         const char *tag) {
     slots_shard_config cfg = *cfg_in;
-    /* TOVL_SHARD_ROUNDS, else TOVL_SLOTS_ROUNDS, caps the rounds: under ASan
-     * a round over 37 sets on lavapipe takes most of a second (the asan
-     * preset takes 10). */
-    const char *cap = getenv("TOVL_SHARD_ROUNDS");
-    if (!cap || !*cap) {
-        cap = getenv("TOVL_SLOTS_ROUNDS");
-    }
-    const unsigned long most = cap && *cap ? strtoul(cap, NULL, 10) : 0;
-    if (most > 0 && most < cfg.rounds) {
-        cfg.rounds = (uint32_t)most;
-    }
+    /* Under ASan a round over 37 sets on lavapipe takes most of a second (the
+     * asan preset takes 10). */
+    cfg.rounds = capped_rounds(cfg.rounds, "TOVL_SHARD_ROUNDS");
     char salt[96];
     snprintf(salt, sizeof salt, "%s-%u-%d", tag, cfg.vocab, cfg.tied);
     tu_rng r = tu_rng_for(salt);

@@ -309,30 +309,22 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
     if (st != TOVL_OK || !dims.grid[0] || !dims.grid[1] || !dims.grid[2]) {
         return st;
     }
-    tovl_cuda_launch few;
-    memset(&few, 0, sizeof few);
-    if (dims.few_grid[0]) { /* the gated pair (launch_shape.h) */
-        if (c->pair == PAIR_OFF) {
-            dims.variant = tovl_cuda_ungated_variant(dims.variant);
-        } else {
-            memcpy(few.grid, dims.few_grid, sizeof few.grid);
-            few.block[0] = TOVL_CUDA_LMHEAD_ROW4_THREADS;
-            few.block[1] = few.block[2] = 1;
-            few.variant = TOVL_CUDA_VARIANT_ROW4Q_FEW;
-        }
+    /* The gated pair (launch_shape.h): row4q_few, then the tiles. */
+    const bool paired = dims.few_grid[0] != 0 && c->pair != PAIR_OFF;
+    if (dims.few_grid[0] && !paired) {
+        dims.variant = tovl_cuda_ungated_variant(dims.variant);
     }
+    const tovl_cuda_launch few = tovl_cuda_few_launch(&dims);
+    const tovl_cuda_launch *first = paired && c->pair == PAIR_FEW_FIRST ? &few : &dims;
+    const tovl_cuda_launch *second = !paired ? NULL : first == &few ? &dims : &few;
     bool pushed;
     st = ctx_enter(c, &pushed);
     if (st != TOVL_OK) {
         return st;
     }
-    const tovl_cuda_launch *order[3] = {&dims};
-    if (few.grid[0]) {
-        order[0] = c->pair == PAIR_FEW_AFTER ? &dims : &few;
-        order[1] = c->pair == PAIR_FEW_AFTER ? &few : &dims;
-    }
-    for (size_t i = 0; i < 2 && order[i] && st == TOVL_OK; i++) {
-        st = launch_one(c, k, order[i], args, stream);
+    st = launch_one(c, k, first, args, stream);
+    if (st == TOVL_OK && second) {
+        st = launch_one(c, k, second, args, stream);
     }
     ctx_leave(c, pushed);
     return st;

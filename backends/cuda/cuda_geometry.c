@@ -28,6 +28,16 @@ tovl_cuda_variant tovl_cuda_ungated_variant(tovl_cuda_variant variant) {
                                                      : variant;
 }
 
+tovl_cuda_launch tovl_cuda_few_launch(const tovl_cuda_launch *pair) {
+    tovl_cuda_launch few;
+    memset(&few, 0, sizeof few);
+    memcpy(few.grid, pair->few_grid, sizeof few.grid);
+    few.block[0] = TOVL_CUDA_LMHEAD_ROW4_THREADS;
+    few.block[1] = few.block[2] = 1;
+    few.variant = TOVL_CUDA_VARIANT_ROW4Q_FEW;
+    return few;
+}
+
 const size_t tovl_cuda_kernel_args_size[TOVL_CUDA_KERNEL_COUNT] = {
     sizeof(tovl_rowdiff_args), sizeof(tovl_embed_overlay_args), sizeof(tovl_lmhead_overlay_args),
     sizeof(tovl_lmhead_overlay_args)};

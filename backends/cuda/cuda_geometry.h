@@ -79,6 +79,10 @@ typedef struct tovl_cuda_launch {
  * slots hold); any other variant itself. */
 tovl_cuda_variant tovl_cuda_ungated_variant(tovl_cuda_variant variant);
 
+/* The ROW4Q_FEW launch that goes before `pair` (a launch whose few_grid is
+ * set): its grid, block and variant. */
+tovl_cuda_launch tovl_cuda_few_launch(const tovl_cuda_launch *pair);
+
 /* This port's kernels. A grid with a zero dimension means nothing to launch. */
 tovl_status tovl_cuda_native_launch(tovl_cuda_kernel_id kernel, const uint32_t logical[3], const void *args,
                                     const tovl_cuda_device_shape *device, tovl_cuda_launch *out);

@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../launch_shape.h"
 #include "cuda_emu_api.h"
 #include "tovl/backend.h"
 
@@ -95,9 +94,9 @@ static tovl_status emu_launch(void *ctx, tovl_kernel kernel, const uint32_t grid
     }
     tovl_cuda_emu_set_sm_count(c->shape.sm_count ? c->shape.sm_count : 1);
     if (dims.few_grid[0]) { /* the gated pair: row4q_few first, as the backend launches it */
-        const uint32_t few_block[3] = {TOVL_CUDA_LMHEAD_ROW4_THREADS, 1, 1};
-        st = tovl_cuda_emu_launch(tovl_cuda_function_names[k][TOVL_CUDA_VARIANT_ROW4Q_FEW], dims.few_grid, few_block,
-                                  args, c->seed + c->launches++);
+        const tovl_cuda_launch few = tovl_cuda_few_launch(&dims);
+        st = tovl_cuda_emu_launch(tovl_cuda_function_names[k][few.variant], few.grid, few.block, args,
+                                  c->seed + c->launches++);
         if (st != TOVL_OK) {
             return st;
         }
