@@ -13,7 +13,9 @@
 # port's run (about a minute on the H200); all: both (one device call is
 # enough). PARTs (cuda, vulkan, ...: scripts/gpu/PART.sh) run only those parts
 # of check, without its ctest and conformance steps unless the part "tests"
-# is named too (a check too long for one 10-minute call runs in pieces).
+# is named too (a check too long for one 10-minute call runs in pieces). A
+# part marked named-only (slots-short: the fixed-shape sets' figures and
+# checks in about two minutes) runs only when named.
 set -uo pipefail
 phase=${1:-all}
 case "$phase" in all|check|sanitize) ;; *) echo "usage: gpu-suite.sh [all|check|sanitize] [PART...]"; exit 2;; esac
@@ -98,6 +100,10 @@ if [ "$phase" != sanitize ]; then
     [ -f "$part" ] || continue
     name=$(basename "$part" .sh)
     if [ ${#parts[@]} -gt 0 ] && [[ " ${parts[*]} " != *" $name "* ]]; then
+      continue
+    fi
+    # A part marked named-only (a short subset of the others) runs only when named.
+    if [ ${#parts[@]} -eq 0 ] && grep -q '^# named-only:' "$part"; then
       continue
     fi
     step "gpu-$name" env TOVL_ENV_LIBS="$here/.gpulibs" bash "$part"

@@ -23,12 +23,12 @@ tokens=1,8,64,512
 echo "build: $(build_commit), seed $fresh_seed"
 step devices "$tovl" devices
 step conform-cuda "$tovl" conform --backend cuda
-step cuda-batches timeout 120 "$build/tests/test_cuda" --jobs 1 --filter 'cuda/hooks_match_the_cpu_on_gpu_sized_batches'
-step hip-on-cuda timeout 120 "$build/tests/test_hip_on_cuda" --jobs 1
-step graph-slots "$build/tests/test_cuda_graph" --jobs 1 --filter 'cuda_graph/@(slots_*|a_load_*|ten_thousand_*)'
-step graph-shards "$build/tests/test_cuda_graph" --jobs 1 --filter 'cuda_graph/shard_slots_*'
-step vulkan-slots "$build/tests/test_vulkan" --jobs 1 --filter 'vulkan/slots_*'
-step vulkan-shards "$build/tests/test_vulkan" --jobs 1 --filter 'vulkan_shards/*'
+step cuda-batches timeout 120 "$build/tests/test_cuda" --jobs 1 --verbose --filter 'cuda/hooks_match_the_cpu_on_gpu_sized_batches'
+step hip-on-cuda timeout 120 "$build/tests/test_hip_on_cuda" --jobs 1 --verbose
+step graph-slots "$build/tests/test_cuda_graph" --jobs 1 --verbose --filter 'cuda_graph/@(slots_*|a_load_*|ten_thousand_*)'
+step graph-shards "$build/tests/test_cuda_graph" --jobs 1 --verbose --filter 'cuda_graph/shard_slots_*'
+step vulkan-slots "$build/tests/test_vulkan" --jobs 1 --verbose --filter 'vulkan/slots_*'
+step vulkan-shards "$build/tests/test_vulkan" --jobs 1 --verbose --filter 'vulkan_shards/*'
 for b in cuda hip vulkan; do
   case $b in
     hip) target=(--cuda-image "$hip_cubin") ;;

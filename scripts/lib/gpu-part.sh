@@ -13,10 +13,16 @@ build=${TOVL_GPU_BUILD:-build-gpu}   # another tree only for a local dry run
 fresh_seed=$(( ($(date +%s) ^ $$) & 0x7fffffff ))
 summary=()
 
+# skipped_line LOG: the first Criterion skip in LOG, other than the tests a
+# --filter leaves out (which --verbose lists as "Test is disabled").
+skipped_line() {
+  grep '\[SKIP\]' "$1" | grep -v ': Test is disabled$' | head -1 | grep .
+}
+
 # step NAME COMMAND...: run, keep the log as $out/NAME.log, remember the
 # outcome: TIME when `timeout` stopped it (rc 124), FAIL on a non-zero status,
-# and FAIL when a Criterion test skipped unless step_skip_ok=1 (on the GPU
-# machine a GPU test must run). Prints the log's last step_tail lines.
+# and FAIL when a Criterion test skipped or none ran, unless step_skip_ok=1
+# (on the GPU machine a GPU test must run). Prints the log's last step_tail lines.
 step() {
   local name=$1; shift
   echo "=== $part/$name: $*"
@@ -26,8 +32,11 @@ step() {
     summary+=("TIME  $name (stopped after its time limit; see $name.log)")
   elif [ $rc -ne 0 ]; then
     summary+=("FAIL  $name (rc $rc)")
-  elif [ "${step_skip_ok:-0}" != 1 ] && grep -q '\[SKIP\]' "$out/$name.log"; then
-    summary+=("FAIL  $name skipped: $(grep -m1 '\[SKIP\]' "$out/$name.log" | sed 's/.*: //')")
+  elif [ "${step_skip_ok:-0}" != 1 ] && skipped_line "$out/$name.log" >/dev/null; then
+    summary+=("FAIL  $name skipped: $(skipped_line "$out/$name.log" | sed -E 's/^.*\[SKIP\] [^ ]*: //')")
+  elif [ "${step_skip_ok:-0}" != 1 ] && grep -q 'Synthesis: Tested: 0 ' "$out/$name.log"; then
+    # Without --verbose Criterion prints no [SKIP] line; its synthesis still says nothing ran.
+    summary+=("FAIL  $name ran no test (Criterion: Tested: 0)")
   else
     summary+=("ok    $name")
   fi
