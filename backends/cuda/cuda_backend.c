@@ -310,13 +310,15 @@ static tovl_status cuda_launch(void *ctx, tovl_kernel kernel, const uint32_t gri
         return st;
     }
     /* The gated pair (launch_shape.h): row4q_few, then the tiles. */
-    const bool paired = dims.few_grid[0] != 0 && c->pair != PAIR_OFF;
-    if (dims.few_grid[0] && !paired) {
+    tovl_cuda_launch few;
+    const tovl_cuda_launch *first = &dims, *second = NULL;
+    if (dims.few_grid[0] && c->pair == PAIR_OFF) {
         dims.variant = tovl_cuda_ungated_variant(dims.variant);
+    } else if (dims.few_grid[0]) {
+        few = tovl_cuda_few_launch(&dims);
+        first = c->pair == PAIR_FEW_FIRST ? &few : &dims;
+        second = c->pair == PAIR_FEW_FIRST ? &dims : &few;
     }
-    const tovl_cuda_launch few = tovl_cuda_few_launch(&dims);
-    const tovl_cuda_launch *first = paired && c->pair == PAIR_FEW_FIRST ? &few : &dims;
-    const tovl_cuda_launch *second = !paired ? NULL : first == &few ? &dims : &few;
     bool pushed;
     st = ctx_enter(c, &pushed);
     if (st != TOVL_OK) {
