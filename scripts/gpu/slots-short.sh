@@ -4,7 +4,7 @@
 # tp.sh and python.sh, which hold all of it.
 #
 # The fixed-shape sets' GPU figures and checks in one short call (about two
-# minutes on the H200), for a run with little device time:
+# minutes on the H200), for a GPU call with little time left:
 #   1. tovl bench --capacity beside the from_slots set, each fixed set checked
 #      bit for bit first (medians of 10): cuda over 8 x 4 rows in capacity 256
 #      (the gated pair), the same with TOVL_CUDA_GATED_PAIR=0 (tiles alone),

@@ -16,7 +16,7 @@ summary=()
 # skipped_line LOG: the first Criterion skip in LOG, other than the tests a
 # --filter leaves out (which --verbose lists as "Test is disabled").
 skipped_line() {
-  grep '\[SKIP\]' "$1" | grep -v ': Test is disabled$' | head -1 | grep .
+  grep '\[SKIP\]' "$1" | grep -v ': Test is disabled$' | head -1
 }
 
 # step NAME COMMAND...: run, keep the log as $out/NAME.log, remember the
@@ -27,13 +27,14 @@ step() {
   local name=$1; shift
   echo "=== $part/$name: $*"
   "$@" > "$out/$name.log" 2>&1
-  local rc=$?
+  local rc=$? skipped
+  skipped=$(skipped_line "$out/$name.log")
   if [ $rc -eq 124 ]; then
     summary+=("TIME  $name (stopped after its time limit; see $name.log)")
   elif [ $rc -ne 0 ]; then
     summary+=("FAIL  $name (rc $rc)")
-  elif [ "${step_skip_ok:-0}" != 1 ] && skipped_line "$out/$name.log" >/dev/null; then
-    summary+=("FAIL  $name skipped: $(skipped_line "$out/$name.log" | sed -E 's/^.*\[SKIP\] [^ ]*: //')")
+  elif [ "${step_skip_ok:-0}" != 1 ] && [ -n "$skipped" ]; then
+    summary+=("FAIL  $name skipped: $(sed -E 's/^.*\[SKIP\] [^ ]*: //' <<< "$skipped")")
   elif [ "${step_skip_ok:-0}" != 1 ] && grep -q 'Synthesis: Tested: 0 ' "$out/$name.log"; then
     # Without --verbose Criterion prints no [SKIP] line; its synthesis still says nothing ran.
     summary+=("FAIL  $name ran no test (Criterion: Tested: 0)")
